@@ -1,0 +1,1 @@
+"""``dare`` sub-commands (one module each; see ``dare.cli``)."""

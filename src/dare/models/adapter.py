@@ -1,0 +1,75 @@
+"""What the samplers and trainers need to know about a model family, in one object.
+
+The rollout engine and the training loop never branch on a family name: they ask the adapter for the
+mask token, the stop tokens, whether logits are shifted, and how attention is masked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import torch
+
+from . import masks
+
+
+@dataclass
+class FamilyAdapter:
+    family: str
+    mask_token_id: int
+    eos_token_id: Optional[int]
+    pad_token_id: Optional[int]
+    bos_token_id: Optional[int] = None
+    # Dream is AR-initialised: the prediction for position i is the logit row i-1.
+    shift_logits: bool = False
+    attention: Literal["bidirectional", "block_causal"] = "bidirectional"
+    # Block-causal models: the block size the checkpoint was trained with (SDAR config key; LLaDA2 default 32).
+    block_size: Optional[int] = None
+    # Extra stop tokens (e.g. <|im_end|> / <|eot_id|> of chat checkpoints).
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def is_block_causal(self) -> bool:
+        return self.attention == "block_causal"
+
+    @property
+    def cache_kinds(self) -> tuple[str, ...]:
+        # Approximate Fast-dLLM caches only make sense for bidirectional models; block models have an exact one.
+        return ("none", "block") if self.is_block_causal else ("none", "prefix", "dual")
+
+    @property
+    def attn_block_size(self) -> Optional[int]:
+        """Block size the attention rule uses (None = one block = fully bidirectional)."""
+        return self.block_size if self.is_block_causal else None
+
+    @property
+    def all_stop_ids(self) -> list[int]:
+        ids = list(self.stop_token_ids)
+        if self.eos_token_id is not None and self.eos_token_id not in ids:
+            ids.insert(0, self.eos_token_id)
+        return ids
+
+    def prediction_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits aligned with the token they predict ([B, L, V]); Dream shifts right by one (row 0 reuses itself)."""
+        if not self.shift_logits:
+            return logits
+        return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+    def prediction_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """Which raw logit row predicts each position (for computing logits only where a loss needs them)."""
+        return (positions - 1).clamp_min(0) if self.shift_logits else positions
+
+    # --- masks -------------------------------------------------------------------------------------
+    def inference_mask(self, position_ids: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Dense bool mask for a (padded) inference batch: bidirectional or block-causal over absolute positions."""
+        layout = masks.TokenLayout.plain(position_ids, valid)
+        return masks.dense_mask(layout, layout, self.attn_block_size)
+
+    def packed_layout(self, position_ids: torch.Tensor) -> masks.TokenLayout:
+        """Packed training row(s): documents start where position ids restart at 0; no cross-document attention."""
+        return masks.TokenLayout.plain(position_ids, doc=masks.doc_ids_from_positions(position_ids))
+
+    def block_diffusion_layout(self, position_ids: torch.Tensor, packed: bool = True) -> masks.TokenLayout:
+        """The ``[x_t ; x_0]`` training layout of block-diffusion models (length 2L, positions repeated)."""
+        doc = masks.doc_ids_from_positions(position_ids) if packed else None
+        return masks.block_diffusion_layout(position_ids, doc)

@@ -1,0 +1,68 @@
+"""The normalised architecture description every family's config.json is mapped onto.
+
+One ``ModelArch`` describes all supported families: dense Llama/Qwen-style decoders (LLaDA, Dream, SDAR),
+and MoE decoders with a softmax router (LLaDA-MoE, SDAR-MoE) or a sigmoid group-limited router with expert
+bias and a shared expert (LLaDA2.x). Only attention *masks* distinguish diffusion LMs from AR LMs, and
+those live in the family adapter, not here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass
+class MoESpec:
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    router: Literal["softmax", "sigmoid_grouped"] = "softmax"
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    # sigmoid_grouped (DeepSeek-V3 / Ling-2.0 style) only:
+    n_group: int = 1
+    topk_group: int = 1
+    expert_bias: bool = False
+    num_shared_experts: int = 0
+    shared_intermediate_size: Optional[int] = None
+
+
+@dataclass
+class ModelArch:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rotary_dim: Optional[int] = None  # partial RoPE; None = head_dim
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    fused_qkv: bool = False  # one [q|k|v] projection (LLaDA2)
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    moe: Optional[MoESpec] = None
+    # Which layers use the MoE block (the others use the dense MLP with ``intermediate_size``).
+    moe_layers: list[int] = field(default_factory=list)
+    # LLaDA2's model-card recipe casts the RoPE inv_freq buffer with the model (bf16-rounded frequencies).
+    rope_inv_freq_follows_dtype: bool = False
+    # LLaDA (OLMo code) applies RoPE in fp32 whatever the activation dtype.
+    rope_full_precision: bool = False
+    # Router logits/weights in fp32 regardless of the model dtype (all published MoE dLLMs do this).
+    router_fp32: bool = True
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.rotary_dim is None:
+            self.rotary_dim = self.head_dim
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and <= head_dim {self.head_dim}")
+        if self.moe_layers and self.moe is None:
+            raise ValueError("moe_layers given without a MoE spec")
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i in self.moe_layers

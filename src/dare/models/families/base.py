@@ -1,0 +1,124 @@
+"""The family interface and registry.
+
+A family turns a published ``config.json`` into a ``ModelArch`` + ``FamilyAdapter``, and maps tensor
+names between the published checkpoint and the native module tree (identity for Qwen/Llama-named
+checkpoints). Adding a family = one module that subclasses ``Family`` and calls ``register_family``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ..adapter import FamilyAdapter
+from ..arch import ModelArch
+
+FAMILIES: dict[str, "Family"] = {}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+class Family:
+    name: str = ""
+    # How users recognise it in errors: "model_type (architectures)".
+    description: str = ""
+    # (published name, native name) templates with numeric placeholders such as {i}; first match wins.
+    # Names no rule matches are the same in both trees (Qwen/Llama-named checkpoints need no rules).
+    key_rules: list[tuple[str, str]] = []
+    # Config keys whose (non-default) values the native code does not implement: key -> allowed values.
+    unsupported: dict[str, tuple] = {}
+    # Strings of the mask token in this family's tokenizers (used when config.json has no mask_token_id).
+    mask_token_strings: tuple[str, ...] = ("<|mask|>",)
+    # Default block size of block-causal families whose config carries none.
+    default_block_size: Optional[int] = None
+    # Generic size names (used by ``dare.models.tiny``) -> this family's config keys.
+    size_keys: dict[str, tuple[str, ...]] = {
+        "hidden_size": ("hidden_size",), "num_layers": ("num_hidden_layers",), "num_heads": ("num_attention_heads",),
+        "num_kv_heads": ("num_key_value_heads",), "intermediate_size": ("intermediate_size",),
+        "vocab_size": ("vocab_size",), "head_dim": ("head_dim",),
+    }
+
+    def matches(self, cfg: dict) -> bool:
+        raise NotImplementedError
+
+    def arch(self, cfg: dict) -> ModelArch:
+        raise NotImplementedError
+
+    def adapter(self, cfg: dict, mask_token_id: int) -> FamilyAdapter:
+        raise NotImplementedError
+
+    def tiny_config(self) -> dict:
+        """A config.json in this family's real layout for a tiny random model (vocab 512, mask 500)."""
+        raise NotImplementedError
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def check_supported(self, cfg: dict) -> None:
+        for key, allowed in self.unsupported.items():
+            if key in cfg and cfg[key] not in allowed:
+                raise UnsupportedModelError(
+                    f"{self.name}: config key {key}={cfg[key]!r} is not supported by dare's native implementation "
+                    f"(supported: {', '.join(map(repr, allowed))})")
+
+    @staticmethod
+    def _pattern(template: str):
+        # "model.layers.{i}.attention.dense.weight" -> regex with one numeric group per placeholder
+        parts = re.split(r"\{\w+\}", template)
+        return re.compile("^" + r"(\d+)".join(re.escape(p) for p in parts) + "$")
+
+    @staticmethod
+    def _fill(template: str, values: tuple) -> str:
+        it = iter(values)
+        return re.sub(r"\{\w+\}", lambda _: next(it), template)
+
+    def _convert(self, key: str, src: int) -> str:
+        for rule in self.key_rules:
+            m = self._pattern(rule[src]).match(key)
+            if m:
+                return self._fill(rule[1 - src], m.groups())
+        return key
+
+    def to_native(self, key: str) -> str:
+        return self._convert(key, 0)
+
+    def to_published(self, key: str) -> str:
+        return self._convert(key, 1)
+
+
+def register_family(family: Family) -> Family:
+    FAMILIES[family.name] = family
+    return family
+
+
+def supported_description() -> str:
+    return "; ".join(f.description for f in FAMILIES.values())
+
+
+def detect_family(cfg: dict) -> Family:
+    hits = [f for f in FAMILIES.values() if f.matches(cfg)]
+    if not hits:
+        raise UnsupportedModelError(
+            f"unsupported model: model_type={cfg.get('model_type')!r}, architectures={cfg.get('architectures')!r}. "
+            f"Supported: {supported_description()}")
+    return hits[0]
+
+
+def get_family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise UnsupportedModelError(f"unknown family {name!r}; registered: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def first(cfg: dict, *keys, default=None):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def eos_ids(cfg: dict) -> tuple[Optional[int], list[int]]:
+    """(primary eos, all stop ids) from a config value that may be an int or a list."""
+    eos = cfg.get("eos_token_id")
+    if isinstance(eos, list):
+        return (eos[0] if eos else None), list(eos)
+    return eos, ([eos] if eos is not None else [])

@@ -1,0 +1,184 @@
+"""``DiffusionLM``: the one native decoder behind every family.
+
+``model(input_ids, attention_mask=None, position_ids=None).logits`` returns raw logits exactly as the
+family's reference code does (Dream unshifted; use ``model.adapter.prediction_logits``). Beyond the HF-style
+call it takes what diffusion samplers and trainers need:
+
+* ``past_key_values=KVCache`` with ``store_kv`` / ``kv_start`` (see ``cache.py``),
+* ``layout=TokenLayout`` for packed and block-diffusion training batches (see ``masks.py``),
+* ``logits_rows`` to run the LM head only on the positions a loss or a sampler reads,
+* ``return_hidden`` / ``compute_logits=False`` for chunked linear + cross-entropy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from . import masks
+from .adapter import FamilyAdapter
+from .arch import ModelArch
+from .cache import KVCache
+from .modules import AttnInputs, DecoderLayer, RMSNorm, RotaryEmbedding
+
+ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
+
+
+@dataclass
+class ModelOutput:
+    logits: Optional[torch.Tensor]
+    hidden_states: Optional[torch.Tensor] = None
+
+
+class Backbone(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+
+def _flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+class DiffusionLM(nn.Module):
+    def __init__(self, arch: ModelArch, adapter: FamilyAdapter, hf_config: dict, family: str, attn_backend: str = "auto"):
+        super().__init__()
+        self.arch, self.adapter, self.hf_config, self.family = arch, adapter, dict(hf_config), family
+        self.model = Backbone(arch)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rope_theta, arch.rope_inv_freq_follows_dtype)
+        self.set_attn_backend(attn_backend)
+        self.gradient_checkpointing = False
+
+    # --- configuration ---------------------------------------------------------------------------
+    def set_attn_backend(self, backend: str) -> None:
+        if backend not in ATTN_BACKENDS:
+            raise ValueError(f"attn_backend must be one of {ATTN_BACKENDS}, got {backend!r}")
+        if backend == "flash_attn" and not _flash_attn_available():
+            raise ValueError("attn_backend='flash_attn' needs the flash-attn package and a CUDA device (pip install 'dare[gpu]')")
+        self.attn_backend = backend
+
+    def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
+        self.gradient_checkpointing = enabled
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def new_cache(self, capacity: Optional[int] = None) -> KVCache:
+        return KVCache(self.arch.num_layers, capacity)
+
+    # --- masks -----------------------------------------------------------------------------------
+    def _layout_inputs(self, layout: masks.TokenLayout, x: torch.Tensor) -> AttnInputs:
+        block = self.adapter.attn_block_size
+        backend = self.attn_backend
+        on_gpu = x.is_cuda
+        all_clean_bidir = block is None and bool((layout.seg == 1).all()) and bool(layout.valid.all())
+        if backend in ("flash_attn",) or (backend == "auto" and on_gpu and all_clean_bidir and _flash_attn_available()):
+            if all_clean_bidir:
+                cu = masks.cu_seqlens_from_doc_ids(layout.doc)
+                return AttnInputs(cu_seqlens=cu, max_seqlen=int((cu[1:] - cu[:-1]).max()))
+        # FlexAttention has no backward on CPU: there, build the dense mask from the same predicate.
+        if backend == "flex" or (backend == "auto" and on_gpu):
+            if on_gpu or not torch.is_grad_enabled():
+                return AttnInputs(block_mask=masks.flex_block_mask(layout, layout, block, x.device))
+        return AttnInputs(mask=masks.dense_mask(layout, layout, block))
+
+    def _attn_inputs(self, B: int, L: int, position_ids, attention_mask, cache, layout, x) -> AttnInputs:
+        if layout is not None:
+            return self._layout_inputs(layout, x)
+        if attention_mask is not None:
+            if attention_mask.dim() == 4:
+                return AttnInputs(mask=attention_mask, cache=cache)
+            if attention_mask.dim() != 2:
+                raise ValueError(f"attention_mask must be 2D [B, L] or 4D [B, 1, Lq, Lk], got shape {tuple(attention_mask.shape)}")
+            valid = attention_mask.bool()
+            if cache is not None or valid.shape[1] != L:
+                return AttnInputs(mask=valid[:, None, None, :], cache=cache)
+            if bool(valid.all()) and not self.adapter.is_block_causal:
+                return AttnInputs(cache=cache)
+            return AttnInputs(mask=self.adapter.inference_mask(position_ids, valid), cache=cache)
+        if self.adapter.is_block_causal:
+            if cache is None:
+                return AttnInputs(mask=self.adapter.inference_mask(position_ids))
+            # Keys are [cached ; new], cached contiguously from position 0 (prefill, then finished blocks).
+            start = cache.length if cache.start is None else cache.start
+            visible = max(cache.length, start + L)
+            k_pos = torch.arange(visible, device=x.device).expand(B, visible)
+            mask = masks.dense_mask(masks.TokenLayout.plain(position_ids), masks.TokenLayout.plain(k_pos), self.adapter.block_size)
+            return AttnInputs(mask=None if bool(mask.all()) else mask, cache=cache)
+        return AttnInputs(cache=cache)
+
+    # --- forward ---------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+        *,
+        past_key_values: Optional[KVCache] = None,
+        store_kv: bool = False,
+        kv_start: Optional[int] = None,
+        layout: Optional[masks.TokenLayout] = None,
+        logits_rows: Optional[torch.Tensor] = None,
+        return_hidden: bool = False,
+        compute_logits: bool = True,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        **unused,
+    ) -> ModelOutput:
+        unknown = set(unused) - {"use_cache", "return_dict", "output_attentions", "output_hidden_states"}
+        if unknown:  # HF-style flags are accepted and ignored; anything else is a caller bug
+            raise TypeError(f"DiffusionLM.forward() got unexpected keyword argument(s) {sorted(unknown)}")
+        x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, L = x.shape[:2]
+        cache = past_key_values
+        if position_ids is None:
+            if layout is not None:
+                position_ids = layout.pos
+            elif attention_mask is not None and attention_mask.dim() == 2 and cache is None and attention_mask.shape[1] == L:
+                position_ids = masks.positions_from_padding(attention_mask)
+            else:
+                start = (cache.length if kv_start is None else kv_start) if cache is not None else 0
+                position_ids = torch.arange(start, start + L, device=x.device).expand(B, L)
+        elif position_ids.dim() == 1:
+            position_ids = position_ids[None].expand(B, L)
+        if cache is not None:
+            cache.begin(L, kv_start, store_kv)
+        try:
+            attn = self._attn_inputs(B, L, position_ids, attention_mask, cache, layout, x)
+            cos, sin = self.rotary(position_ids, x.dtype)
+            for layer in self.model.layers:
+                if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                    x = checkpoint(layer, x, cos, sin, attn, use_reentrant=False)
+                else:
+                    x = layer(x, cos, sin, attn)
+        finally:
+            if cache is not None:
+                cache.end()
+        h = self.model.norm(x)
+        logits = None
+        if compute_logits:
+            logits = self.lm_head(h[logits_rows] if logits_rows is not None else h)
+        return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
+
+    def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 5 * 2**30) -> None:
+        from .loading import save_pretrained
+        save_pretrained(self, path, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)

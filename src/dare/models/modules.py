@@ -1,0 +1,238 @@
+"""Building blocks of the native decoder: RMSNorm, RoPE (full or partial), attention with an explicit
+KV-cache write path and three backends, SwiGLU MLP, and sparse MoE blocks with softmax or sigmoid
+group-limited routing. Module and parameter names follow Hugging Face Llama/Qwen naming
+(``self_attn.q_proj``, ``mlp.gate_proj`` ...), so LoRA target names are the familiar ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .arch import ModelArch, MoESpec
+from .cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables computed in fp32 from fp32 inverse frequencies.
+
+    ``inv_freq`` is deliberately not a buffer, so ``model.to(bfloat16)`` cannot round it. LLaDA2's
+    model-card recipe (``from_pretrained`` then ``.to(bfloat16)``) does round it; ``follow_dtype``
+    reproduces that by rounding to the activation dtype, which is what its bf16 reference logits need.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float, follow_dtype: bool = False):
+        super().__init__()
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
+        self.inv_freq = 1.0 / (theta ** exponent)  # built on CPU even under a meta-device context
+        self.follow_dtype = follow_dtype
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        if self.inv_freq.device != position_ids.device:
+            self.inv_freq = self.inv_freq.to(position_ids.device)
+        inv = self.inv_freq.to(dtype).float() if self.follow_dtype else self.inv_freq
+        freqs = position_ids[..., None].float() * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
+    """x [B, H, L, D]; cos/sin [B, L, R] with R <= D (partial rotary leaves the tail unrotated)."""
+    rot = cos.shape[-1]
+    cos, sin = cos[:, None], sin[:, None]
+    xr, xp = x[..., :rot], x[..., rot:]
+    if full_precision:
+        out = (xr.float() * cos.float() + rotate_half(xr.float()) * sin.float()).to(x.dtype)
+    else:
+        out = xr * cos + rotate_half(xr) * sin
+    return torch.cat((out, xp), dim=-1) if xp.shape[-1] else out
+
+
+@dataclass
+class AttnInputs:
+    """How attention is masked for one forward (built once by the model, shared by all layers)."""
+    mask: Optional[torch.Tensor] = None  # bool (True = attend) or additive float, broadcastable to [B, H, Lq, Lk]
+    block_mask: Any = None  # FlexAttention BlockMask
+    cu_seqlens: Optional[torch.Tensor] = None  # flash-attn varlen (packed, bidirectional)
+    max_seqlen: int = 0
+    cache: Optional[KVCache] = None
+
+
+_flex_compiled = None
+
+
+def _flex_attention(q, k, v, block_mask, scale, gqa):
+    global _flex_compiled
+    from torch.nn.attention.flex_attention import flex_attention
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False) if q.is_cuda else flex_attention
+    return _flex_compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        h, d = arch.hidden_size, arch.head_dim
+        self.fused = arch.fused_qkv
+        if self.fused:
+            self.qkv_proj = nn.Linear(h, (arch.num_heads + 2 * arch.num_kv_heads) * d, bias=arch.qkv_bias)
+        else:
+            self.q_proj = nn.Linear(h, arch.num_heads * d, bias=arch.qkv_bias)
+            self.k_proj = nn.Linear(h, arch.num_kv_heads * d, bias=arch.qkv_bias)
+            self.v_proj = nn.Linear(h, arch.num_kv_heads * d, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(arch.num_heads * d, h, bias=False)
+        self.qk_norm = arch.qk_norm
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(d, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(d, arch.rms_norm_eps)
+        self.rope_full_precision = getattr(arch, "rope_full_precision", False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnInputs) -> torch.Tensor:
+        B, L, _ = x.shape
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused:
+            q, k, v = self.qkv_proj(x).split([H * D, Hk * D, Hk * D], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.view(B, L, H, D), k.view(B, L, Hk, D), v.view(B, L, Hk, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = apply_rope(q, cos, sin, self.rope_full_precision)
+        k = apply_rope(k, cos, sin, self.rope_full_precision)
+        if attn.cache is not None:
+            k, v = attn.cache.write(self.layer_idx, k, v)
+        scale = D ** -0.5
+        gqa = H != Hk
+        if attn.cu_seqlens is not None:
+            from flash_attn import flash_attn_varlen_func  # optional GPU kernel
+            qf, kf, vf = (t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], D) for t in (q, k, v))
+            out = flash_attn_varlen_func(qf, kf, vf, attn.cu_seqlens, attn.cu_seqlens, attn.max_seqlen, attn.max_seqlen,
+                                         softmax_scale=scale, causal=False)
+            out = out.view(B, L, H * D)
+        elif attn.block_mask is not None:
+            out = _flex_attention(q, k, v, attn.block_mask, scale, gqa).transpose(1, 2).reshape(B, L, H * D)
+        else:
+            mask = attn.mask
+            if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+                mask = mask.to(q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            out = out.transpose(1, 2).reshape(B, L, H * D)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu"):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        if act not in ("silu", "swish"):
+            raise ValueError(f"unsupported activation {act!r} (only SwiGLU/silu is used by the supported families)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Token -> (top-k weights, top-k expert ids, raw router logits)."""
+
+    def __init__(self, hidden: int, spec: MoESpec, fp32: bool):
+        super().__init__()
+        self.spec, self.fp32 = spec, fp32
+        self.weight = nn.Parameter(torch.empty(spec.num_experts, hidden))
+        if spec.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(spec.num_experts, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor):
+        spec = self.spec
+        logits = F.linear(x.float(), self.weight.float()) if self.fp32 else F.linear(x, self.weight)
+        if spec.router == "softmax":
+            probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+            if spec.expert_bias:  # bias steers the choice only; weights stay the plain softmax probabilities
+                idx = torch.topk(probs + self.expert_bias.float(), spec.top_k, dim=-1).indices
+                weights = probs.gather(1, idx)
+            else:
+                weights, idx = torch.topk(probs, spec.top_k, dim=-1)
+        else:  # sigmoid scores, bias only for selection, group-limited top-k
+            scores = torch.sigmoid(logits.float())
+            choice = scores + self.expert_bias.float() if spec.expert_bias else scores
+            n = choice.shape[0]
+            per_group = spec.num_experts // spec.n_group
+            grouped = choice.view(n, spec.n_group, per_group)
+            group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(-1)
+            group_idx = group_scores.topk(spec.topk_group, dim=-1, sorted=False).indices
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0).bool()
+            allowed = group_mask[:, :, None].expand(n, spec.n_group, per_group).reshape(n, -1)
+            masked = choice.masked_fill(~allowed, float("-inf"))
+            idx = torch.topk(masked, spec.top_k, dim=-1).indices
+            weights = scores.gather(1, idx)
+        if spec.norm_topk_prob and spec.top_k > 1:
+            weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if spec.router != "softmax" else 0.0))
+        weights = weights * spec.routed_scaling_factor
+        return weights, idx, logits
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        spec = arch.moe
+        self.spec = spec
+        self.gate = Router(arch.hidden_size, spec, arch.router_fp32)
+        self.experts = nn.ModuleList(MLP(arch.hidden_size, spec.intermediate_size, arch.hidden_act) for _ in range(spec.num_experts))
+        if spec.num_shared_experts:
+            inter = (spec.shared_intermediate_size or spec.intermediate_size) * spec.num_shared_experts
+            self.shared_experts = MLP(arch.hidden_size, inter, arch.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, idx, _ = self.gate(flat)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(flat)
+        # Loop over experts that received tokens (E is small per layer; tokens are gathered, not padded).
+        hit = torch.zeros(self.spec.num_experts, dtype=torch.bool, device=x.device)
+        hit[idx.reshape(-1)] = True
+        for e in torch.nonzero(hit).flatten().tolist():
+            tok, slot = torch.nonzero(idx == e, as_tuple=True)
+            y = self.experts[e](flat[tok]) * weights[tok, slot, None]
+            out.index_add_(0, tok, y)
+        if self.spec.num_shared_experts:
+            out = out + self.shared_experts(flat)
+        return out.view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(arch, layer_idx)
+        self.mlp = SparseMoE(arch) if arch.is_moe_layer(layer_idx) else MLP(arch.hidden_size, arch.intermediate_size, arch.hidden_act)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, x, cos, sin, attn: AttnInputs):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
