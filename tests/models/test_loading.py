@@ -1,0 +1,140 @@
+"""Loading/saving in the published layouts, and the clear errors for bad checkpoints."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from dare.models import CheckpointError, UnsupportedModelError, load_model, tiny
+from dare.models.tokenizer import load_tokenizer, tiny_tokenizer
+from tests.conftest import FIXTURE_FAMILIES, FIXTURES, TOKENIZERS
+
+
+def _keys(folder):
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return sorted(f.keys())
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_FAMILIES))
+def test_save_pretrained_round_trip_keeps_published_layout(name, tmp_path):
+    src = FIXTURES / name
+    model = load_model(src, dtype=torch.float32, mask_token_id=500)
+    model.save_pretrained(tmp_path)
+    assert _keys(tmp_path) == _keys(src)  # the family's own tensor names
+    saved, orig = json.loads((tmp_path / "config.json").read_text()), json.loads((src / "config.json").read_text())
+    assert set(saved) == set(orig) and saved["auto_map"] == orig["auto_map"]  # every key, incl. auto_map
+    assert {k: v for k, v in saved.items() if "dtype" not in k} == {k: v for k, v in orig.items() if "dtype" not in k}
+    again = load_model(tmp_path, dtype=torch.float32, mask_token_id=500)
+    ids = torch.randint(0, 480, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again(ids).logits)
+
+
+def test_sharded_checkpoint_round_trip(tmp_path):
+    model = load_model(FIXTURES / "llada-tiny", dtype=torch.float32)
+    model.save_pretrained(tmp_path, max_shard_bytes=100_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1 and not (tmp_path / "model.safetensors").exists()
+    again = load_model(tmp_path, dtype=torch.float32)
+    for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(again.state_dict().items())):
+        assert torch.equal(a, b), k
+
+
+def _copy_fixture(name, tmp_path):
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def test_missing_tensor_is_named(tmp_path):
+    d = _copy_fixture("llada-tiny", tmp_path)
+    state = load_file(str(d / "model.safetensors"))
+    del state["model.transformer.blocks.1.ff_out.weight"]
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model\.transformer\.blocks\.1\.ff_out\.weight"):
+        load_model(d)
+
+
+def test_misshaped_tensor_is_named(tmp_path):
+    d = _copy_fixture("sdar-tiny", tmp_path)
+    state = load_file(str(d / "model.safetensors"))
+    state["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(8, 64)
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight has shape \(8, 64\)"):
+        load_model(d)
+
+
+def test_unsupported_model_type_lists_supported(tmp_path):
+    d = _copy_fixture("dream-tiny", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError) as e:
+        load_model(d)
+    for name in ("llada (LLaDAModelLM", "LLaDAMoEModelLM", "Dream", "sdar (", "sdar_moe", "llada2_moe"):
+        assert name in str(e.value)
+
+
+def test_unsupported_config_option_is_named(tmp_path):
+    d = _copy_fixture("llada-tiny", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["alibi"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="alibi"):
+        load_model(d)
+
+
+def test_mask_token_resolution_order(tmp_path):
+    # config without mask id and no tokenizer -> clear error naming the remedy
+    with pytest.raises(CheckpointError, match="mask_token_id"):
+        load_model(FIXTURES / "llada2-tiny")
+    # tokenizer files next to the checkpoint supply it
+    d = _copy_fixture("llada2-tiny", tmp_path)
+    for f in (TOKENIZERS / "dream-v0-instruct").iterdir():
+        shutil.copy(f, d / f.name)
+    assert load_model(d).adapter.mask_token_id == 151666
+    # an explicit argument wins
+    assert load_model(d, mask_token_id=500).adapter.mask_token_id == 500
+    # the config value is used when present
+    assert load_model(FIXTURES / "sdar-tiny").adapter.mask_token_id == 500
+
+
+def test_dtype_defaults_to_checkpoint_dtype():
+    assert load_model(FIXTURES / "llada2-tiny", mask_token_id=500).dtype == torch.bfloat16
+    assert load_model(FIXTURES / "llada-tiny").dtype == torch.float32
+
+
+def test_family_tokenizers_load_without_remote_code():
+    dream = load_tokenizer(TOKENIZERS / "dream-v0-instruct")  # config names the custom DreamTokenizer
+    assert dream.mask_token == "<|mask|>" and dream.mask_token_id == 151666 and dream.eos_token_id == 151643
+    text = dream.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    sdar = load_tokenizer(TOKENIZERS / "sdar-chat")
+    assert sdar.mask_token_id == 151669
+    assert dream.decode(dream("12 + 30 = 42")["input_ids"]) == "12 + 30 = 42"
+
+
+def test_tiny_tokenizer_is_character_level_with_chat_template(tmp_path):
+    tok = tiny_tokenizer()
+    ids = tok("0321 x\n")["input_ids"]
+    assert len(ids) == 7 and tok.decode(ids) == "0321 x\n"
+    assert (tok.eos_token_id, tok.pad_token_id, tok.mask_token_id) == (1, 1, 2)
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again("ab")["input_ids"] == tok("ab")["input_ids"] and again.mask_token_id == 2
+    chat = tok.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True)
+    assert chat == "<|user|>q<|eot|><|assistant|>"
+
+
+@pytest.mark.parametrize("family", ["llada", "llada_moe", "dream", "sdar", "sdar_moe", "llada2_moe"])
+def test_tiny_models_round_trip_with_tokenizer(family, tmp_path):
+    tok = tiny_tokenizer()
+    model = tiny(family, tokenizer=tok, hidden_size=32, num_heads=2, seed=3)
+    model.save_pretrained(tmp_path, tokenizer=tok)
+    again = load_model(tmp_path)  # mask id from config or, where the layout has none, from the saved tokenizer
+    assert again.family == model.family and again.adapter.mask_token_id == tok.mask_token_id
+    ids = torch.randint(0, 100, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again(ids).logits)
