@@ -1,0 +1,323 @@
+"""The algorithm hook interface and registry.
+
+The training loop (``dare.trainer.loop``) is one workflow for every method::
+
+    (1) rollout  (2) reward  (3) corruption + old-policy / reference log-probs  (4) advantage  (5) update
+
+SFT and DPO/VRPO take the same path without (1)-(2) (``uses_rollout = False``). The loop never looks at an
+algorithm's name: it calls the hooks below, each with a default, so a method is one file that overrides a few:
+
+* ``corrupt(ctx, batch, iteration) -> list[View]``  -- the noise/mask sampler (forward corruption). It sees the
+  whole batch, including the rollout's ``step_map`` / ``trajectory`` when present, and draws from
+  ``ctx.generator(iteration, sample_uid, mc_index)`` so that old, reference and current policies score identical
+  inputs and the ``mu`` inner iterations reuse the same noise. The loop calls it once per inner iteration and
+  stores the views in ``batch["views"][iteration]``.
+* ``log_likelihood(ctx, model, batch, views) -> LogLik`` -- the likelihood estimator: combines per-target
+  log-probs of every view (``View.weight`` carries 1/t, complementary-mask weights, ...) into per-slot
+  (token) or per-sequence values. ``mc_samples`` says how many forwards it uses per sample.
+* ``advantages(ctx, batch) -> Tensor | None`` -- the advantage estimator (RL only).
+* ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch. Losses and
+  metrics are *additive*: each micro-batch returns its share of the global value, normalised with the global
+  counts in ``ctx.norms`` (from ``normalizers``, summed over micro-batches and ranks by the loop), so results
+  do not depend on micro-batching or the number of processes.
+* ``backward(ctx, model, batch, iteration, loss_scale) -> metrics`` -- runs the update's autograd for one
+  micro-batch. The default builds one graph (``log_likelihood`` -> ``loss`` -> ``backward``); a method that
+  needs more (VRPO's two-pass gradient, BGPO's per-MC-sample backward) overrides it, and the loop does not care.
+
+Batches are ``Batch`` objects: per-sample tensors with the sample dimension first, sliced consistently into
+micro-batches by ``Batch.select``. Algorithm configs are dataclasses registered with their algorithm; the recipe's
+``algorithm:`` section picks the dataclass from ``algorithm.name`` (so method-specific keys are validated).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
+import torch
+
+from ..diffusion.logprob import DEFAULT_CHUNK, score_targets
+from ..diffusion.noise import STREAM_CORRUPT, keyed_generator
+
+# ----------------------------------------------------------------------------------------------------------
+# Data containers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _select(value: Any, idx: torch.Tensor, size: int, key: str):
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] != size:
+            raise ValueError(f"batch field {key!r} has shape {tuple(value.shape)}; per-sample fields need {size} rows "
+                             f"(put batch-level values in Batch.meta)")
+        return value[idx.to(value.device)]
+    if hasattr(value, "select") and not isinstance(value, (list, dict)):
+        return value.select(idx)
+    if dataclasses.is_dataclass(value) and hasattr(value, "doc"):  # TokenLayout
+        return type(value)(*(getattr(value, f.name)[idx] for f in dataclasses.fields(value)))
+    if isinstance(value, dict):
+        return {k: _select(v, idx, size, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(v, View) for v in value):
+            return [v.select(idx) for v in value]
+        if len(value) != size:
+            raise ValueError(f"batch field {key!r} is a list of {len(value)} items, expected one per sample ({size})")
+        return [value[i] for i in idx.tolist()]
+    if value is None:
+        return None
+    raise TypeError(f"batch field {key!r}: cannot slice a {type(value).__name__} per sample")
+
+
+def _to(value: Any, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, View):
+        return value.to(device)
+    if dataclasses.is_dataclass(value) and hasattr(value, "doc"):
+        return type(value)(*(getattr(value, f.name).to(device) for f in dataclasses.fields(value)))
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list) and value and isinstance(value[0], View):
+        return [v.to(device) for v in value]
+    return value
+
+
+@dataclass
+class View:
+    """One corrupted model input (one forward pass) and the positions whose log-probability it scores.
+
+    ``targets``/``labels``/``weight`` are ``[B, L]`` over the scored part of the input (``L`` can be shorter than
+    ``input_ids``: a block-diffusion ``[x_t ; x_0]`` input scores its first half). ``score_index [B, K]`` maps the
+    ``[B, L]`` log-probs to the estimator's K slots (e.g. the completion positions of an RL sample); None keeps
+    the ``[B, L]`` grid. ``info`` holds per-sample extras such as the timestep ``t``.
+    """
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    labels: torch.Tensor
+    weight: Optional[torch.Tensor] = None
+    attention_mask: Optional[torch.Tensor] = None
+    position_ids: Optional[torch.Tensor] = None
+    layout: Any = None
+    score_index: Optional[torch.Tensor] = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, idx: torch.Tensor) -> "View":
+        n = self.size
+        kw = {f.name: _select(getattr(self, f.name), idx, n, f"view.{f.name}") for f in dataclasses.fields(self)}
+        return View(**kw)
+
+    def to(self, device) -> "View":
+        return View(**{f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)})
+
+
+class Batch:
+    """Per-sample fields of one step (tensors ``[B, ...]``, lists of B items, per-iteration dicts of those).
+
+    ``uid`` (long ``[B]``) is required: the global sample id used to key noise. ``meta`` holds batch-level values
+    that are not sliced.
+    """
+
+    def __init__(self, uid: torch.Tensor, meta: Optional[dict] = None, **fields):
+        self.fields: dict[str, Any] = {"uid": uid.long(), **fields}
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    @property
+    def size(self) -> int:
+        return int(self.fields["uid"].shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: str):
+        try:
+            return self.fields[key]
+        except KeyError:
+            raise KeyError(f"batch has no field {key!r} (fields: {', '.join(sorted(self.fields))})") from None
+
+    def __setitem__(self, key: str, value) -> None:
+        self.fields[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.fields
+
+    def get(self, key: str, default=None):
+        return self.fields.get(key, default)
+
+    def select(self, idx) -> "Batch":
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        n = self.size
+        out = Batch.__new__(Batch)
+        out.fields = {k: _select(v, idx, n, k) for k, v in self.fields.items()}
+        out.meta = dict(self.meta)
+        return out
+
+    def split(self, micro_batch_size: int) -> list["Batch"]:
+        n = self.size
+        return [self.select(torch.arange(s, min(n, s + micro_batch_size))) for s in range(0, n, max(1, micro_batch_size))]
+
+    def to(self, device) -> "Batch":
+        out = Batch.__new__(Batch)
+        out.fields = {k: _to(v, device) for k, v in self.fields.items()}
+        out.meta = dict(self.meta)
+        return out
+
+
+def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-micro-batch results (right-padding with zeros when widths differ)."""
+    width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
+    if width is not None:
+        parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+    return torch.cat(parts, dim=0)
+
+
+@dataclass
+class LogLik:
+    """A likelihood estimate: ``value [B, K]`` (K token slots, or K = 1 for a sequence-level estimate), fp32."""
+    value: torch.Tensor
+    entropy: Optional[torch.Tensor] = None
+
+
+@dataclass
+class StepContext:
+    """What hooks may know about the current step. ``norms`` are global (all ranks, all micro-batches)."""
+    step: int
+    seed: int
+    adapter: Any
+    norms: dict = field(default_factory=dict)
+    rank: int = 0
+    world_size: int = 1
+    chunk_size: Optional[int] = DEFAULT_CHUNK
+    want_entropy: bool = False
+    services: dict = field(default_factory=dict)  # tokenizer, reward scorer, ... for hooks that need them
+
+    def generator(self, *key) -> torch.Generator:
+        """The corruption generator for ``key`` = (iteration, sample_uid, mc_index, ...) at this step."""
+        return keyed_generator(self.seed, STREAM_CORRUPT, self.step, *key)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Algorithm base class and registry
+# ----------------------------------------------------------------------------------------------------------
+
+ALGORITHMS: dict[str, type["Algorithm"]] = {}
+
+
+@dataclass
+class AlgorithmConfig:
+    """Base of every algorithm section; ``name`` selects the dataclass (see ``resolve_config_type``)."""
+    name: str = "sft"
+
+    @classmethod
+    def resolve_config_type(cls, data: dict) -> type:
+        from . import load_builtin_algorithms
+        load_builtin_algorithms()
+        name = data.get("name")
+        if name is None:
+            raise ValueError(f"algorithm.name is required; one of: {', '.join(sorted(ALGORITHMS))}")
+        return get_algorithm(str(name)).config_class
+
+
+def register_algorithm(cls: type["Algorithm"]) -> type["Algorithm"]:
+    """Class decorator: make ``cls`` available as ``algorithm.name: <cls.name>`` in recipes."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise ValueError(f"algorithm {cls.name!r} is registered twice ({ALGORITHMS[cls.name].__name__}, {cls.__name__})")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def get_algorithm(name: str) -> type["Algorithm"]:
+    from . import load_builtin_algorithms
+    load_builtin_algorithms()
+    if name not in ALGORITHMS:
+        import difflib
+        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown algorithm {name!r}.{hint} Registered: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]
+
+
+def build_algorithm(config: AlgorithmConfig) -> "Algorithm":
+    cls = get_algorithm(config.name)
+    if not isinstance(config, cls.config_class):
+        raise TypeError(f"algorithm {config.name!r} needs a {cls.config_class.__name__}, got {type(config).__name__}")
+    return cls(config)
+
+
+class Algorithm:
+    """Base class: override the hooks your method changes (see module docstring)."""
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type] = AlgorithmConfig
+    # Which data the loop feeds: "sft" (prompt/response), "preference" (prompt/chosen/rejected), "prompts" (RL).
+    data_kind: ClassVar[str] = "sft"
+    # RL methods: the loop generates completions and scores them before the hooks run.
+    uses_rollout: ClassVar[bool] = False
+
+    def __init__(self, config: AlgorithmConfig):
+        self.config = config
+
+    # --- what the loop must prepare -------------------------------------------------------------------
+    @property
+    def inner_iterations(self) -> int:
+        """Optimizer updates per batch (``mu``); each has its own corruption (views)."""
+        return 1
+
+    @property
+    def needs_old_logp(self) -> bool:
+        """Score the views with the pre-update policy before any update (PPO ratio with mu > 1)."""
+        return False
+
+    @property
+    def needs_reference(self) -> bool:
+        """Score the views with the reference policy (KL penalty, DPO)."""
+        return False
+
+    @property
+    def mc_samples(self) -> int:
+        """Forward passes the likelihood estimator uses per sample (documentation and cost accounting)."""
+        return 1
+
+    def normalizers(self, batch: Batch) -> dict[str, float]:
+        """Local counts the loss divides by; the loop sums them over ranks into ``ctx.norms``."""
+        return {"samples": float(batch.size)}
+
+    # --- hooks ----------------------------------------------------------------------------------------
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        raise NotImplementedError(f"{type(self).__name__} must implement corrupt()")
+
+    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        """Default estimator: ``sum_v weight_v * logp_v`` over the views, mapped to slots by ``score_index``."""
+        total = ent_total = None
+        for v in views:
+            logp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
+                                      position_ids=v.position_ids, layout=v.layout, chunk_size=ctx.chunk_size,
+                                      with_entropy=with_entropy)
+            w = v.weight if v.weight is not None else v.targets.float()
+            contrib = logp * w
+            if v.score_index is not None:
+                contrib = contrib.gather(1, v.score_index)
+                ent = ent.gather(1, v.score_index) if ent is not None else None
+            total = contrib if total is None else total + contrib
+            if ent is not None:
+                ent_total = ent / len(views) if ent_total is None else ent_total + ent / len(views)
+        return LogLik(total, ent_total)
+
+    def advantages(self, ctx: StepContext, batch: Batch) -> Optional[torch.Tensor]:
+        return None
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+        raise NotImplementedError(f"{type(self).__name__} must implement loss()")
+
+    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+        """One micro-batch of the update. ``loss_scale`` undoes the data-parallel gradient averaging."""
+        views = batch["views"][iteration]
+        current = self.log_likelihood(ctx, model, batch, views, with_entropy=ctx.want_entropy)
+        loss, metrics = self.loss(ctx, batch, current, iteration)
+        (loss * loss_scale).backward()
+        out = {"loss": float(loss.detach())}
+        out.update({k: float(v) for k, v in metrics.items()})
+        return out

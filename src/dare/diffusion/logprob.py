@@ -1,0 +1,105 @@
+"""Per-token log-probabilities at target positions, with logits only where a loss needs them.
+
+``score_targets`` runs the model once (hidden states only, no LM head), gathers the hidden rows that predict the
+target positions (``model.adapter.prediction_rows``: Dream predicts position i from row i-1) and computes
+``log softmax(lm_head(h))[label]`` in fp32 with ``linear_log_prob``: a chunked linear + log-softmax whose
+forward and backward hold one ``[chunk, vocab]`` block of logits at a time, so memory does not scale with
+vocabulary x sequence length (what the original DARE's dense per-sample logits did).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CHUNK = 1024
+
+
+class _LinearLogProb(torch.autograd.Function):
+    """log p(label | h) = (h W^T / T)[label] - logsumexp(h W^T / T), chunked over rows; fp32 softmax."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk: int, temperature: float, want_entropy: bool):
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if want_entropy else None
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            logits = F.linear(hidden[s:e], weight).float()
+            if temperature != 1.0:
+                logits = logits / temperature
+            lse_c = torch.logsumexp(logits, dim=-1)
+            lse[s:e] = lse_c
+            logp[s:e] = logits.gather(1, labels[s:e, None]).squeeze(1) - lse_c
+            if entropy is not None:
+                logprobs = logits - lse_c[:, None]  # -sum p log p, not lse - sum p z: no cancellation
+                entropy[s:e] = -(logprobs.exp() * logprobs).sum(-1)
+        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.chunk, ctx.temperature = chunk, temperature
+        if entropy is not None:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, labels, lse = ctx.saved_tensors
+        chunk, temp = ctx.chunk, ctx.temperature
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        n = hidden.shape[0]
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            logits = F.linear(hidden[s:e], weight).float()
+            if temp != 1.0:
+                logits = logits / temp
+            g = grad_logp[s:e].float()
+            # d logp / d logits = onehot(label) - softmax; chain through 1/T.
+            grad_logits = torch.exp(logits - lse[s:e, None]).mul_(-g[:, None])
+            grad_logits.scatter_add_(1, labels[s:e, None], g[:, None])
+            if temp != 1.0:
+                grad_logits.div_(temp)
+            if need_h:
+                grad_h[s:e] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(grad_logits.t(), hidden[s:e].float())
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+
+
+def linear_log_prob(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: Optional[int] = DEFAULT_CHUNK,
+                    temperature: float = 1.0, with_entropy: bool = False):
+    """fp32 ``log softmax(hidden @ weight.T / temperature)[labels]`` for rows ``hidden [N, H]``.
+
+    Returns ``(logp [N], entropy [N] or None)``; the entropy is a detached diagnostic. ``chunk_size=None``
+    processes all rows at once (the dense baseline the benchmarks compare against).
+    """
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32) + 0.0 * weight.sum()
+        return empty, (empty.detach() if with_entropy else None)
+    chunk = int(chunk_size or hidden.shape[0])
+    return _LinearLogProb.apply(hidden, weight, labels.long(), chunk, float(temperature), bool(with_entropy))
+
+
+def score_targets(model, input_ids: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor, *,
+                  attention_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+                  layout=None, chunk_size: Optional[int] = DEFAULT_CHUNK, temperature: float = 1.0,
+                  with_entropy: bool = False):
+    """Log-probs of ``labels`` at the ``targets`` positions of one forward pass.
+
+    ``targets``/``labels`` are ``[B, L]`` with ``L <= input length`` (a ``[x_t ; x_0]`` input scores its first
+    half). Returns ``(logp [B, L] fp32, entropy [B, L] or None)``, zero outside the targets.
+    """
+    out = model(input_ids, attention_mask=attention_mask, position_ids=position_ids, layout=layout,
+                return_hidden=True, compute_logits=False)
+    hidden = out.hidden_states
+    b, col = targets.nonzero(as_tuple=True)
+    rows = model.adapter.prediction_rows(col)
+    logp, ent = linear_log_prob(hidden[b, rows], model.lm_head.weight, labels[b, col], chunk_size, temperature, with_entropy)
+    dense = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    dense = dense.index_put((b, col), logp)
+    dense_ent = None
+    if with_entropy:
+        dense_ent = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((b, col), ent)
+    return dense, dense_ent

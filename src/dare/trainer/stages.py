@@ -1,0 +1,61 @@
+"""The per-batch stages of the loop that call algorithm hooks: corruption + old/reference scoring, and the update.
+
+Kept separate from ``loop.py`` (which owns data, rollout, optimizer, checkpoints) so tests and other drivers can
+run exactly the stage code the trainer runs.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from typing import Callable, Optional
+
+import torch
+
+from ..algorithms.base import Algorithm, Batch, StepContext, concat_rows
+
+
+@torch.no_grad()
+def score_iteration(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int) -> torch.Tensor:
+    """Likelihood values of ``batch["views"][iteration]`` under ``model``, batched like the update will be."""
+    parts = [algo.log_likelihood(ctx, model, mb, mb["views"][iteration]).value.float()
+             for mb in batch.split(micro_batch_size)]
+    return concat_rows(parts)
+
+
+def prepare(algo: Algorithm, ctx: StepContext, batch: Batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
+    """Stage (3): draw every inner iteration's corruption once, then score it with the pre-update policy and the
+    reference policy where the algorithm needs them. Results land in ``views``, ``old_logp``, ``ref_logp``."""
+    batch["views"] = {it: algo.corrupt(ctx, batch, it) for it in range(algo.inner_iterations)}
+    if algo.needs_old_logp:
+        batch["old_logp"] = {it: score_iteration(algo, ctx, policy, batch, it, micro_batch_size)
+                             for it in range(algo.inner_iterations)}
+    if algo.needs_reference:
+        if reference is None:
+            raise ValueError(f"algorithm {algo.name!r} needs a reference policy, but none is configured "
+                             f"(set reference.mode to 'copy' or, with LoRA, 'lora_disabled')")
+        with reference.scoring() as ref_model:
+            batch["ref_logp"] = {it: score_iteration(algo, ctx, ref_model, batch, it, micro_batch_size)
+                                 for it in range(algo.inner_iterations)}
+
+
+def update(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
+           loss_scale: float = 1.0, grad_sync: Optional[Callable[[bool], None]] = None) -> dict[str, float]:
+    """Stage (5), one inner iteration: run ``algo.backward`` on every micro-batch; return the summed metrics.
+
+    ``grad_sync(flag)`` lets a data-parallel wrapper skip gradient reduction on all but the last micro-batch.
+    """
+    micro = batch.split(micro_batch_size)
+    totals: dict[str, float] = defaultdict(float)
+    for i, mb in enumerate(micro):
+        if grad_sync is not None:
+            grad_sync(i == len(micro) - 1)
+        for k, v in algo.backward(ctx, model, mb, iteration, loss_scale).items():
+            totals[k] += v
+    return dict(totals)
+
+
+@contextlib.contextmanager
+def frozen(model):
+    """No-grad scoring context that leaves the model's train/eval mode as it was."""
+    with torch.no_grad():
+        yield model

@@ -1,0 +1,26 @@
+"""Hand-built RL batches for hook tests (the rollout engine has its own tests)."""
+import torch
+
+from dare.algorithms import Batch
+
+
+def rl_batch(n_prompts=2, group=3, prompt_lens=(5, 8), gen_len=8, eos=1, seed=0, rewards=None):
+    g = torch.Generator().manual_seed(seed)
+    P = max(prompt_lens)
+    B = n_prompts * group
+    prompt = torch.full((B, P), eos, dtype=torch.long)
+    pmask = torch.zeros(B, P, dtype=torch.bool)
+    comp = torch.randint(10, 100, (B, gen_len), generator=g)
+    cmask = torch.ones(B, gen_len, dtype=torch.bool)
+    for i in range(B):
+        n = prompt_lens[(i // group) % len(prompt_lens)]
+        prompt[i, P - n:] = torch.randint(10, 100, (n,), generator=torch.Generator().manual_seed(1000 + i // group))
+        pmask[i, P - n:] = True
+        stop = int(torch.randint(2, gen_len + 1, (1,), generator=g))
+        if stop < gen_len:
+            comp[i, stop:] = eos
+            cmask[i, stop + 1:] = False
+    if rewards is None:
+        rewards = torch.randint(0, 2, (B,), generator=g).float()
+    return Batch(uid=torch.arange(B), group=torch.arange(B) // group, prompt_ids=prompt, prompt_mask=pmask,
+                 completion_ids=comp, completion_mask=cmask, rewards=rewards)
