@@ -1,0 +1,88 @@
+"""Examples -> prompt text / token ids (through the tokenizer's chat template when it has one), SFT pairs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .config import DataConfig
+from .schema import BadRowPolicy, DataError
+from .templates import Prompt, Template, get_template
+
+
+def _uses_chat(tokenizer, template: Template, mode: str) -> bool:
+    has = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    if mode == "always":
+        if not has:
+            raise ValueError("chat_template: always, but the tokenizer has no chat template")
+        return True
+    return mode == "auto" and template.chat and has
+
+
+def render(prompt: Prompt, tokenizer=None, template: Optional[Template] = None, chat_template: str = "auto") -> str:
+    """Prompt text: ``apply_chat_template(..., add_generation_prompt=True)`` + generation prefix, or the plain text."""
+    if chat_template not in ("auto", "always", "never"):
+        raise ValueError(f"chat_template must be auto, always or never, got {chat_template!r}")
+    if _uses_chat(tokenizer, template or get_template("reasoning"), chat_template):
+        text = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
+        return text + prompt.generation_prefix
+    return prompt.plain_text()
+
+
+def _prefix_override(prompt: Prompt, generation_prefix: Optional[str]) -> Prompt:
+    if generation_prefix is None:
+        return prompt
+    plain = prompt.plain
+    return Prompt(prompt.messages, generation_prefix, plain)
+
+
+def render_prompt(example: dict, template="reasoning", tokenizer=None, system_prompt: Optional[str] = None,
+                  chat_template: str = "auto", generation_prefix: Optional[str] = None) -> str:
+    tpl = get_template(template)
+    prompt = _prefix_override(tpl.build(example, system_prompt), generation_prefix)
+    return render(prompt, tokenizer, tpl, chat_template)
+
+
+def encode_prompt(text: str, tokenizer, chat_rendered: bool) -> list[int]:
+    # A chat template already wrote any BOS it wants; a plain prompt gets the tokenizer's own specials.
+    return tokenizer(text, add_special_tokens=not chat_rendered)["input_ids"]
+
+
+def build_sft_example(example: dict, template="reasoning", tokenizer=None, system_prompt: Optional[str] = None,
+                      chat_template: str = "auto", generation_prefix: Optional[str] = None) -> tuple[str, str]:
+    """(prompt_text, completion_text) with a gold completion in the template's answer format.
+
+    Countdown gold answers are found by brute force over the numbers and + - * /; sudoku answers are the
+    solution string; math answers are ``\\boxed{gold}`` after the worked solution when the row has one.
+    The trainer appends EOS after ``completion_text``.
+    """
+    tpl = get_template(template)
+    prompt = _prefix_override(tpl.build(example, system_prompt), generation_prefix)
+    return render(prompt, tokenizer, tpl, chat_template), tpl.gold_completion(example, prompt.generation_prefix)
+
+
+@dataclass
+class PromptedExample:
+    example: dict
+    text: str
+    input_ids: list[int]
+
+
+def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig) -> list[PromptedExample]:
+    """Render and tokenize every example; prompts over ``max_prompt_tokens`` follow ``on_bad_row``."""
+    tpl = get_template(cfg.template)
+    chat = _uses_chat(tokenizer, tpl, cfg.chat_template)
+    policy = BadRowPolicy(cfg.on_bad_row, what="prompt")
+    out = []
+    for ex in examples:
+        try:
+            text = render_prompt(ex, tpl, tokenizer, cfg.system_prompt, cfg.chat_template, cfg.generation_prefix)
+            ids = encode_prompt(text, tokenizer, chat)
+            if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+                raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, "
+                                f"over max_prompt_tokens={cfg.max_prompt_tokens}")
+        except DataError as e:
+            policy.handle(e)
+            continue
+        out.append(PromptedExample(ex, text, ids))
+    policy.summary(cfg.path or cfg.hf or cfg.name)
+    return out

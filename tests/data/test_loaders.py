@@ -1,0 +1,211 @@
+"""Loaders: every bundled file, both layouts of the same items, malformed rows, sources."""
+import gzip
+import json
+import logging
+import re
+import sys
+import types
+
+import pytest
+
+from dare.data import ASSETS, DATASETS, DataConfig, DataError, load_examples, validate_example
+from dare.data.tasks import countdown_question
+
+
+def _sources_table():
+    """(file, dataset, split, rows, examples) from assets/data/SOURCES.md."""
+    rows = []
+    for line in (ASSETS / "SOURCES.md").read_text().splitlines():
+        m = re.match(r"\| `([^`]+)` \| ([^|]+) \| (\d+) \| (\d+) \|", line)
+        if m:
+            for pair in m.group(2).split(","):
+                name, split = (s.strip() for s in pair.split("/"))
+                rows.append((m.group(1), name, split, int(m.group(3)), int(m.group(4))))
+    return rows
+
+
+SOURCES = _sources_table()
+
+
+def test_sources_md_lists_every_bundled_file():
+    listed = {f for f, *_ in SOURCES}
+    on_disk = {str(p.relative_to(ASSETS)) for p in ASSETS.rglob("*") if p.is_file() and p.name != "SOURCES.md"}
+    assert listed == on_disk
+    registered = {(n, s) for n, spec in DATASETS.items() for s in spec.files}
+    assert {(n, s) for _, n, s, *_ in SOURCES} == registered
+
+
+@pytest.mark.parametrize("file,name,split,rows,n_examples", SOURCES, ids=[f"{n}-{s}" for _, n, s, *_ in SOURCES])
+def test_bundled_file_loads_with_documented_counts(file, name, split, rows, n_examples):
+    from dare.data.readers import read_records
+
+    assert DATASETS[name].files[split] == file
+    assert sum(1 for _ in read_records(ASSETS / file)) == rows
+    examples = load_examples(DataConfig(name=name, split=split))
+    assert len(examples) == n_examples
+    assert len({e["id"] for e in examples}) == n_examples
+    for e in examples[:50] + examples[-50:]:
+        validate_example(e, file)
+        assert e["task"] == DATASETS[name].task
+        assert e["id"].startswith(f"{name}/{split}/")
+
+
+def _pairs(name, a, b):
+    return list(zip(load_examples(DataConfig(name=name, split=a)), load_examples(DataConfig(name=name, split=b))))
+
+
+@pytest.mark.parametrize("name,other", [("countdown", "test_d1"), ("sudoku", "test_d1"), ("humaneval", "test_dare")])
+def test_original_and_dare_layouts_give_identical_examples(name, other):
+    pairs = _pairs(name, "test", other)
+    assert len(pairs) in (164, 256, 500)
+    for x, y in pairs:
+        assert x["question"] == y["question"]
+        assert x["ground_truth"] == y["ground_truth"]
+
+
+def test_field_values_per_task():
+    cd = load_examples(DataConfig(name="countdown", split="test_d1", limit=1))[0]
+    assert cd["ground_truth"] == {"numbers": [30, 100, 93], "target": 23}
+    assert cd["question"] == countdown_question([30, 100, 93], 23)
+    sd = load_examples(DataConfig(name="sudoku", split="test_d1", limit=1))[0]
+    assert sd["ground_truth"] == {"puzzle": "3102200002100320", "solution": "3142243142131324"}  # leading zeros kept
+    he = load_examples(DataConfig(name="humaneval", split="test", limit=1))[0]
+    gt = he["ground_truth"]
+    assert gt["entry_point"] == "has_close_elements" and gt["prefix"] == he["question"]
+    assert gt["tests"].rstrip().endswith("check(has_close_elements)")
+    # The tests really run against the canonical solution and fail against a wrong one.
+    ns = {}
+    exec(gt["prefix"] + he["canonical_solution"] + "\n" + gt["tests"], ns)
+    with pytest.raises(AssertionError):
+        exec(gt["prefix"] + "    return not any(True for _ in [])\n" + gt["tests"], {})
+    mb = load_examples(DataConfig(name="mbpp", split="test", limit=2))[1]
+    assert mb["ground_truth"]["entry_point"] == "sort_matrix" and mb["ground_truth"]["prefix"] == ""
+    assert mb["ground_truth"]["tests"].count("assert sort_matrix(") == 3
+    assert mb["question"].startswith("Write a function to sort a given matrix")
+    gsm = load_examples(DataConfig(name="gsm8k", split="test", limit=1))[0]
+    assert gsm["ground_truth"] == "18" and gsm["question"].startswith("Janet")
+    aime = load_examples(DataConfig(name="aime24", split="test", limit=1))[0]
+    assert aime["ground_truth"] == "204"
+
+
+def test_shuffle_and_limit_are_seeded():
+    a = load_examples(DataConfig(name="sudoku", split="test", shuffle_seed=3, limit=5))
+    b = load_examples(DataConfig(name="sudoku", split="test", shuffle_seed=3, limit=5))
+    c = load_examples(DataConfig(name="sudoku", split="test", shuffle_seed=4, limit=5))
+    assert [e["id"] for e in a] == [e["id"] for e in b] != [e["id"] for e in c]
+    assert [e["index"] for e in load_examples(DataConfig(name="sudoku", split="test", limit=3))] == [0, 1, 2]
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_original_layout_files(tmp_path):
+    gsm = _write(tmp_path / "gsm.jsonl", [json.dumps({"question": "1+1?", "answer": "1+1=<<1+1=2>>2\n#### 2"}),
+                                           json.dumps({"question": "Big?", "answer": "so\n#### 1,000"})])
+    ex = load_examples(DataConfig(path=str(gsm)))
+    assert [e["ground_truth"] for e in ex] == ["2", "1,000"] and ex[0]["task"] == "math" and ex[0]["id"] == "gsm/0"
+    he = tmp_path / "he.jsonl.gz"
+    with gzip.open(he, "wt") as f:
+        f.write(json.dumps({"task_id": "X/0", "prompt": "def f(x):\n", "canonical_solution": "    return x\n",
+                            "test": "def check(candidate):\n    assert candidate(1) == 1\n", "entry_point": "f"}) + "\n")
+    assert load_examples(DataConfig(path=str(he)))[0]["ground_truth"]["entry_point"] == "f"
+    mbpp = _write(tmp_path / "mbpp.jsonl", [json.dumps({"task_id": 1, "text": "Add.", "code": "def add(a,b): return a+b",
+                                                        "test_list": ["assert add(1, 2) == 3"]})])
+    m = load_examples(DataConfig(path=str(mbpp)))[0]
+    assert m["ground_truth"]["entry_point"] == "add" and m["canonical_solution"].startswith("def add")
+    qa = _write(tmp_path / "aime.jsonl", [json.dumps({"problem": "p", "answer": 70}),
+                                          json.dumps({"problem": "q", "solution": "so \\boxed{\\frac{1}{2}}"})])
+    assert [e["ground_truth"] for e in load_examples(DataConfig(path=str(qa)))] == ["70", "\\frac{1}{2}"]
+    hfcd = _write(tmp_path / "cd.jsonl", [json.dumps({"nums": [1, 2, 3], "target": 6})])
+    assert load_examples(DataConfig(path=str(hfcd)))[0]["ground_truth"] == {"numbers": [1, 2, 3], "target": 6}
+
+
+def test_dare_layout_with_literal_string_cells(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "countdown", "prompt": "[{'role': 'user', 'content': 'x'}]",
+             "reward_model": "{'ground_truth': '7', 'style': 'rule'}", "extra_info": "{'numbers': '[1, 2, 4]', 'index': 0}"}]
+    path = tmp_path / "cd.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    ex = load_examples(DataConfig(path=str(path)))[0]
+    assert ex["task"] == "countdown" and ex["ground_truth"] == {"numbers": [1, 2, 4], "target": 7}
+    assert ex["messages"] == [{"role": "user", "content": "x"}]
+
+
+BAD_ROWS = [
+    ("missing.jsonl", [json.dumps({"question": "q", "answer": "#### 1"}), json.dumps({"question": "q2"})],
+     r"missing\.jsonl, row 1 \(line 2\): missing field 'answer'"),
+    ("empty.jsonl", [json.dumps({"problem": "q", "answer": "1"}), json.dumps({"problem": "q", "answer": "  "})],
+     r"empty\.jsonl, row 1 \(line 2\): empty answer"),
+    ("type.jsonl", [json.dumps({"input": "1,2,3", "output": "6"}), json.dumps({"input": "1,x", "output": "3"})],
+     r"type\.jsonl, row 1 \(line 2\): field 'input' must be an integer"),
+    ("json.jsonl", [json.dumps({"question": "q", "answer": "#### 1"}), "{not json"],
+     r"json\.jsonl, row 1 \(line 2\): invalid JSON"),
+    ("nohash.jsonl", [json.dumps({"question": "q", "answer": "#### 1"}), json.dumps({"question": "q", "answer": "#### "})],
+     r"nohash\.jsonl, row 1 \(line 2\): empty answer"),
+    ("sudoku.csv", ["Puzzle,Solution", "3102200002100320,3142243142131324", "3102200002100320,1142243142131324"],
+     r"sudoku\.csv, row 1 \(line 3\): sudoku solution contradicts a given cell"),
+    ("short.csv", ["Puzzle,Solution", "3102200002100320,3142243142131324", "31022000021,3142243142131324"],
+     r"short\.csv, row 1 \(line 3\): sudoku puzzle must have 16"),
+    ("ragged.csv", ["Puzzle,Solution", "3102200002100320,3142243142131324", "3102200002100320"],
+     r"ragged\.csv, row 1 \(line 3\): row has 1 cells, the header has 2"),
+]
+
+
+@pytest.mark.parametrize("fname,lines,pattern", BAD_ROWS, ids=[b[0] for b in BAD_ROWS])
+def test_malformed_row_errors_name_file_and_row(tmp_path, fname, lines, pattern):
+    path = _write(tmp_path / fname, lines)
+    with pytest.raises(DataError, match=pattern):
+        load_examples(DataConfig(path=str(path)))
+
+
+def test_skip_policy_logs_and_drops_bad_rows(tmp_path, caplog):
+    path = _write(tmp_path / "mixed.jsonl", [json.dumps({"question": "a", "answer": "#### 1"}), json.dumps({"question": "b"}),
+                                             json.dumps({"question": "c", "answer": "#### 3"})])
+    with caplog.at_level(logging.WARNING, logger="dare.data"):
+        ex = load_examples(DataConfig(path=str(path), on_bad_row="skip"))
+    assert [e["ground_truth"] for e in ex] == ["1", "3"]
+    assert "mixed.jsonl, row 1 (line 2): missing field 'answer'" in caplog.text
+    assert "skipped 1 bad row" in caplog.text
+
+
+def test_known_bad_rows_of_bundled_math_train_are_dropped_not_fatal(caplog):
+    with caplog.at_level(logging.INFO, logger="dare.data"):
+        ex = load_examples(DataConfig(name="math", split="train"))
+    assert len(ex) == 7470 and "row 886" in caplog.text
+    with pytest.raises(DataError, match=r"math_1\.parquet, row 886: field 'reward_model.ground_truth' must be a string"):
+        load_examples(DataConfig(path=str(ASSETS / "dare/rl/train/math_1.parquet")))
+
+
+def test_config_and_source_errors(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of name, path or hf"):
+        DataConfig(name="gsm8k", path="x.jsonl")
+    with pytest.raises(ValueError, match="unknown dataset 'gsm9k'"):
+        load_examples(DataConfig(name="gsm9k"))
+    with pytest.raises(ValueError, match="no bundled split 'train'"):
+        load_examples(DataConfig(name="mbpp", split="train", source="bundled"))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_examples(DataConfig(path=str(tmp_path / "nope.jsonl")))
+    odd = _write(tmp_path / "odd.jsonl", [json.dumps({"foo": 1})])
+    with pytest.raises(DataError, match=r"odd\.jsonl, row 0 \(line 1\): cannot tell the data layout"):
+        load_examples(DataConfig(path=str(odd)))
+
+
+def test_hugging_face_ids_go_through_datasets(monkeypatch):
+    calls = []
+
+    def load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return [{"question": "q", "answer": "w\n#### 5"}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    ex = load_examples(DataConfig(name="gsm8k", split="train", source="hf"))
+    assert calls == [("openai/gsm8k", "main", "train")] and ex[0]["ground_truth"] == "5"
+    ex = load_examples(DataConfig(hf="someone/gsm-like", hf_config="main", split="test"))
+    assert calls[-1] == ("someone/gsm-like", "main", "test") and ex[0]["id"] == "someone/gsm-like/test/0"
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(ImportError, match="pip install datasets"):
+        load_examples(DataConfig(hf="someone/x"))
