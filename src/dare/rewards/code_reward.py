@@ -1,0 +1,120 @@
+"""Code correctness (HumanEval, MBPP): run prefix + extracted code + tests in the sandbox.
+
+``ground_truth = {"tests": str | list[str], "entry_point": str | None, "prefix": str}``:
+  * the program is ``prefix`` (e.g. HumanEval's prompt: imports, signature, docstring), then the
+    extracted code, then the tests; when the tests define ``check(candidate)`` and never call it,
+    ``check(<entry_point>)`` is appended (HumanEval's convention);
+  * MBPP-style tests may be a list of ``assert`` lines (or that list JSON-encoded);
+  * an optional ``timeout`` (seconds) lowers the sandbox's wall-clock limit for that example.
+
+Code extraction: the fenced ```python (or ```py / bare ```) block that defines the entry point
+(the last such block), else the first fenced block; an unclosed fence at the end (a truncated
+generation) runs to the end. Without fences, the last ``<answer>`` block, else the raw completion
+(a HumanEval-style body continuation of ``prefix``). Function names are never rewritten.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import re
+from typing import Optional
+
+from .registry import ground_truth_dict, register_reward
+from .sandbox import SandboxLimits, SandboxResult, run_python, with_timeout
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PY_LANGS = {"", "python", "py", "python3", "py3"}
+
+# Default limits for code rewards; change with ``set_code_limits``.
+_limits = SandboxLimits()
+# Per-item deadline set by ``score_batch`` so a code item never outlives the batch timeout.
+item_timeout: contextvars.ContextVar[Optional[float]] = contextvars.ContextVar("dare_reward_item_timeout", default=None)
+
+
+def set_code_limits(limits: SandboxLimits) -> None:
+    """Sandbox limits used by the ``code`` reward (timeout, memory, processes, output cap)."""
+    global _limits
+    if not isinstance(limits, SandboxLimits):
+        raise TypeError(f"expected SandboxLimits, got {type(limits).__name__}")
+    _limits = limits
+
+
+def code_limits() -> SandboxLimits:
+    return _limits
+
+
+def _defines(code: str, name: str) -> bool:
+    return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def extract_code(completion: str, entry_point: Optional[str] = None) -> str:
+    """The code to run from a completion (see the module docstring for the rules)."""
+    blocks = [body for lang, body in _FENCE.findall(completion) if lang.lower() in _PY_LANGS]
+    if blocks:
+        if entry_point:
+            defining = [b for b in blocks if _defines(b, entry_point)]
+            if defining:
+                return defining[-1]
+        return blocks[0]
+    start = completion.rfind("<answer>")
+    if start != -1:
+        body = completion[start + len("<answer>"):]
+        return body.split("</answer>", 1)[0].strip("\n")
+    return completion
+
+
+def _tests_text(tests) -> str:
+    if isinstance(tests, str):
+        stripped = tests.strip()
+        if stripped.startswith("["):
+            try:
+                decoded = json.loads(stripped)
+            except json.JSONDecodeError:
+                decoded = None
+            if isinstance(decoded, list):
+                tests = decoded
+    if isinstance(tests, (list, tuple)):
+        if not all(isinstance(t, str) for t in tests):
+            raise TypeError("code ground_truth['tests'] list must contain strings")
+        return "\n".join(tests)
+    if not isinstance(tests, str):
+        raise TypeError(f"code ground_truth['tests'] must be a string or a list of strings, got {type(tests).__name__}")
+    return tests
+
+
+def infer_entry_point(tests: str) -> Optional[str]:
+    """The function MBPP-style asserts call (``assert name(...)``), used to pick the code block."""
+    match = re.search(r"^\s*assert\s+(?:not\s+)?(?:\(\s*)?([A-Za-z_]\w*)\s*\(", tests, re.MULTILINE)
+    if match and match.group(1) not in {"isinstance", "math", "set", "sorted", "abs", "len", "all", "any"}:
+        return match.group(1)
+    return None
+
+
+def build_program(completion: str, gt: dict) -> str:
+    """The full program the sandbox runs for ``completion`` (exposed for debugging and tests)."""
+    tests = _tests_text(gt["tests"])
+    entry_point = gt.get("entry_point") or None
+    if entry_point is not None and not re.fullmatch(r"[A-Za-z_]\w*", str(entry_point)):
+        raise ValueError(f"code ground_truth['entry_point'] must be an identifier, got {entry_point!r}")
+    prefix = gt.get("prefix") or ""
+    code = extract_code(completion, entry_point or infer_entry_point(tests))
+    if prefix and not prefix.endswith("\n"):
+        prefix += "\n"
+    parts = [prefix + code, tests]
+    if entry_point and re.search(r"^def\s+check\s*\(", tests, re.MULTILINE) and not re.search(r"^check\s*\(", tests, re.MULTILINE):
+        parts.append(f"check({entry_point})")
+    return "\n\n".join(parts) + "\n"
+
+
+def run_code(completion: str, example: dict) -> SandboxResult:
+    """Run the completion against the example's tests; the full result (status, output, reason)."""
+    gt = ground_truth_dict(example, ("tests",))
+    limits = with_timeout(_limits, gt.get("timeout"))
+    limits = with_timeout(limits, item_timeout.get())
+    return run_python(build_program(completion, gt), limits)
+
+
+@register_reward("code", isolated=True)
+def code_reward(completion: str, example: dict) -> float:
+    """1.0 if the program (prefix + extracted code + tests) runs to completion, else 0.0."""
+    return 1.0 if run_code(completion, example).passed else 0.0
