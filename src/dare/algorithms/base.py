@@ -214,10 +214,14 @@ class AlgorithmConfig:
     def resolve_config_type(cls, data: dict) -> type:
         from . import load_builtin_algorithms
         load_builtin_algorithms()
+        from ..config.core import ConfigError
         name = data.get("name")
         if name is None:
-            raise ValueError(f"algorithm.name is required; one of: {', '.join(sorted(ALGORITHMS))}")
-        return get_algorithm(str(name)).config_class
+            raise ConfigError(f"algorithm.name is required; one of: {', '.join(sorted(ALGORITHMS))}")
+        try:
+            return get_algorithm(str(name)).config_class
+        except ValueError as e:
+            raise ConfigError(f"algorithm.name: {e}") from e
 
 
 def register_algorithm(cls: type["Algorithm"]) -> type["Algorithm"]:

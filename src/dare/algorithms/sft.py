@@ -1,0 +1,118 @@
+"""Supervised fine-tuning of diffusion LMs: the masked-diffusion NELBO on answer tokens (algorithms.md 0.1-0.4).
+
+One algorithm covers every family through the adapter:
+
+* masked models (LLaDA, LLaDA-MoE, Dream): the prompt is never masked; one ``t ~ U(t_min, t_max]`` per document;
+  each answer token is masked with probability t; the loss is the masked cross-entropy weighted by ``weighting``
+  (``scheduler`` = 1/t for the linear schedule, LLaDA; ``uniform``; Dream's ``cart``). Dream's shifted logits are
+  handled by ``score_targets`` via ``adapter.prediction_rows``.
+* block models (``adapter.is_block_causal``: SDAR, LLaDA2): the block NELBO with the one-pass ``[x_t ; x_0]``
+  layout (logits from the noisy half). LLaDA2's recipe is ``t_min: 0.3, t_max: 0.8, weighting: uniform,
+  normalize: masked_tokens``.
+
+``normalize``: ``answer_length`` (LLaDA: each document's sum divided by its own answer length, then the mean over
+documents), ``answer_tokens`` (d1 SFT / SDAR: divided by all answer tokens of the step), ``masked_tokens``
+(LLaDA2: the mean over masked tokens). All normalisers are global over the step.
+
+Batch fields (packed or padded rows; see ``dare.trainer.data``): ``input_ids``, ``position_ids`` (restart at 0 for
+every document), ``doc_uid`` (global example id per token, -1 for padding), ``answer_mask`` (tokens that may be
+noised: answer + EOS). Noise is keyed by (iteration, document uid), so a document gets the same mask packed or
+padded, in any row, on any rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..diffusion.corruption import apply_mask, block_diffusion_inputs, cart_weights
+from ..diffusion.noise import sample_time
+from ..models import masks as attn_masks
+from .base import Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View, register_algorithm
+
+
+@dataclass
+class SFTConfig(AlgorithmConfig):
+    name: str = "sft"
+    t_min: float = 0.0
+    t_max: float = 1.0
+    eps: float = 1e-3  # LLaDA: t = (1 - eps) u + eps
+    weighting: Literal["scheduler", "uniform", "cart"] = "scheduler"
+    cart_geo_p: float = 0.3
+    normalize: Literal["answer_length", "answer_tokens", "masked_tokens"] = "answer_length"
+
+    def __post_init__(self):
+        if not 0.0 <= self.t_min < self.t_max <= 1.0:
+            raise ValueError(f"need 0 <= t_min < t_max <= 1, got t_min={self.t_min}, t_max={self.t_max}")
+        if not 0.0 < self.cart_geo_p < 1.0:
+            raise ValueError(f"cart_geo_p must be in (0, 1), got {self.cart_geo_p}")
+
+
+def doc_segments(doc_uid_row: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(uid, start, end) of the documents of one row (consecutive runs of the same uid >= 0)."""
+    out = []
+    vals = doc_uid_row.tolist()
+    start = 0
+    for i in range(1, len(vals) + 1):
+        if i == len(vals) or vals[i] != vals[start]:
+            if vals[start] >= 0:
+                out.append((vals[start], start, i))
+            start = i
+    return out
+
+
+@register_algorithm
+class SFT(Algorithm):
+    name = "sft"
+    config_class = SFTConfig
+    data_kind = "sft"
+
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        cfg = self.config
+        ids, pos, docs, answer = batch["input_ids"], batch["position_ids"], batch["doc_uid"], batch["answer_mask"]
+        masked = torch.zeros(ids.shape, dtype=torch.bool)
+        weight = torch.zeros(ids.shape, dtype=torch.float32)
+        t_tok = torch.ones(ids.shape, dtype=torch.float32)
+        answer_cpu = answer.bool().cpu()
+        for r in range(ids.shape[0]):
+            for uid, s, e in doc_segments(docs[r].cpu()):
+                g = ctx.generator(iteration, uid, 0)
+                t = sample_time(g, cfg.t_min, cfg.t_max, cfg.eps)
+                ans = answer_cpu[r, s:e]
+                m = (torch.rand(e - s, generator=g) < t) & ans
+                masked[r, s:e] = m
+                t_tok[r, s:e] = t
+                if cfg.weighting == "scheduler":
+                    w = torch.full((e - s,), 1.0 / t)
+                elif cfg.weighting == "uniform":
+                    w = torch.ones(e - s)
+                else:  # cart: context-adaptive, replaces the time weight
+                    w = cart_weights(m, ~m, cfg.cart_geo_p)
+                if cfg.normalize == "answer_length":
+                    w = w / max(int(ans.sum()), 1)
+                weight[r, s:e] = w * m
+        dev = ids.device
+        masked, weight = masked.to(dev), weight.to(dev)
+        noisy = apply_mask(ids, masked, ctx.adapter.mask_token_id)
+        if ctx.adapter.is_block_causal:
+            input_ids, layout = block_diffusion_inputs(noisy, ids, pos)
+        else:
+            input_ids = noisy
+            layout = attn_masks.TokenLayout.plain(pos, doc=attn_masks.doc_ids_from_positions(pos))
+        return [View(input_ids, masked, ids, weight, layout=layout, info={"t": t_tok.to(dev)})]
+
+    def normalizers(self, batch: Batch) -> dict[str, float]:
+        docs = batch["doc_uid"]
+        n_docs = sum(len(doc_segments(docs[r].cpu())) for r in range(docs.shape[0]))
+        out = {"docs": float(n_docs), "answer_tokens": float(batch["answer_mask"].sum()), "samples": float(batch.size)}
+        if "views" in batch:
+            out["masked_tokens"] = float(sum(v.targets.sum() for v in batch["views"][0]))
+        return out
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+        key = {"answer_length": "docs", "answer_tokens": "answer_tokens", "masked_tokens": "masked_tokens"}[self.config.normalize]
+        loss = -current.value.sum() / max(ctx.norms[key], 1.0)
+        targets = batch["views"][iteration][0].targets
+        metrics = {"masked_frac": float(targets.sum()) / max(ctx.norms["answer_tokens"], 1.0)}
+        return loss, metrics

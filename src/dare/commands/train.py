@@ -1,0 +1,51 @@
+"""``dare train RECIPE.yaml [key=value ...]``: SFT, LoRA, DPO/VRPO and RL with one executor.
+
+With ``distributed.nproc > 1`` the command relaunches itself under torchrun (``python -m torch.distributed.run``),
+so users never call the launcher themselves.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+NAME = "train"
+HELP = "post-train a diffusion LM from a recipe (SFT, LoRA, DPO/VRPO, RL); key=value overrides any recipe field"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p):
+    p.add_argument("recipe", help="recipe YAML (see recipes/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=10 optim.lr=1e-5")
+    p.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
+
+
+def run(args) -> int:
+    import yaml
+
+    from dare.config.core import to_dict
+    from dare.config.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(recipe), sort_keys=False))
+        return 0
+    nproc = recipe.distributed.nproc
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from dare.trainer.distributed import torchrun_command
+        cmd = torchrun_command(nproc, ["--log-level", str(args.log_level), "train", args.recipe, *args.overrides])
+        log.info("launching %d processes: %s", nproc, " ".join(cmd))
+        return subprocess.call(cmd)
+    from dare.trainer.loop import Trainer
+
+    trainer = Trainer(recipe)
+    try:
+        history = trainer.run()
+    finally:
+        trainer.env.close()
+    if trainer.env.is_main and history:
+        last = history[-1]
+        print(f"dare train: {len(history)} steps, final loss {last.get('loss', float('nan')):.4f}; "
+              f"run folder {recipe.train.output_dir}")
+    return 0

@@ -1,0 +1,166 @@
+"""``TrainRecipe``: the typed schema of a ``dare train`` recipe (YAML + dotted ``key=value`` overrides).
+
+Every section is a dataclass; unknown keys and wrong types are errors naming the dotted key. The ``algorithm``
+section is polymorphic: ``algorithm.name`` picks the algorithm's own config dataclass (``dare.algorithms``), so
+method-specific keys are validated too. ``rollout.sampler`` is ``dare.rollout.SamplerConfig`` and
+``data.dataset`` is ``dare.data.DataConfig``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from ..algorithms.base import AlgorithmConfig
+from ..data.config import DataConfig
+from ..rollout.config import SamplerConfig
+from .core import load_config
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class ModelSection:
+    # A checkpoint folder, a Hugging Face id, or ``tiny:<family>`` (a random tiny model + the tiny tokenizer).
+    path: str
+    dtype: str = "float32"  # parameter dtype (bfloat16 on GPU for real models)
+    attn_backend: str = "auto"
+    mask_token_id: Optional[int] = None
+    tokenizer: Optional[str] = None  # default: the model folder
+    gradient_checkpointing: bool = False
+    tiny_sizes: dict[str, int] = field(default_factory=dict)  # size overrides for tiny:<family>
+    tiny_seed: int = 0
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    include_experts: bool = True  # also adapt MoE expert MLPs (their modules have the same names)
+
+    def __post_init__(self):
+        if self.r <= 0:
+            raise ValueError(f"lora.r must be positive, got {self.r}")
+        unknown = sorted(set(self.target_modules) - set(LORA_TARGETS))
+        if unknown:
+            raise ValueError(f"lora.target_modules: unknown module name(s) {unknown}; native names are {LORA_TARGETS}")
+
+
+@dataclass
+class ReferenceSection:
+    # auto: the LoRA-disabled base when LoRA is on (no second copy), else a frozen copy; only built when needed.
+    mode: Literal["auto", "copy", "lora_disabled"] = "auto"
+
+
+@dataclass
+class DataSection:
+    # Task datasets through dare.data (SFT uses each example's gold completion; RL uses the prompts).
+    dataset: Optional[DataConfig] = None
+    # Or a JSONL file of {prompt, response} (SFT) / {prompt, chosen, rejected} (DPO) pairs.
+    pairs: Optional[str] = None
+    chat_template: Literal["auto", "always", "never"] = "auto"  # for pairs: wrap the prompt in the tokenizer's template
+    max_length: int = 1024  # SFT/DPO: tokens per sequence (prompt + answer), and the packed row capacity
+    packing: bool = True  # pack documents into rows of max_length (position ids restart per document)
+    pad_answer_to: Optional[int] = None  # LLaDA: right-pad each answer with EOS to this many tokens (part of the loss)
+    loss_on_padding: bool = True  # padded rows (packing off): the EOS pads are answer tokens, as in LLaDA's SFT
+    on_bad_row: Literal["error", "skip"] = "error"
+
+    def __post_init__(self):
+        if self.max_length <= 0:
+            raise ValueError(f"data.max_length must be positive, got {self.max_length}")
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: Literal["constant", "cosine", "cosine_with_min_lr", "linear"] = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine_with_min_lr: the floor as a fraction of lr
+    grad_clip: Optional[float] = 1.0
+
+    def __post_init__(self):
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas must have two values, got {self.betas}")
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr}")
+
+
+@dataclass
+class TrainSection:
+    steps: int = 100  # loop iterations (batches); RL: each runs algorithm.inner_iterations optimizer updates
+    batch_size: int = 8  # global per step: SFT documents, DPO pairs, RL prompts
+    micro_batch_size: int = 4  # per rank per forward: packed rows / sequences / pairs / completions
+    seed: int = 0
+    output_dir: str = "runs/train"
+    save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    keep_checkpoints: int = 2
+    resume: str = "auto"  # auto: continue from the latest complete checkpoint; never; or a checkpoint folder
+    log_every: int = 1
+    max_bad_steps: int = 3  # NaN/inf losses or gradients: skip the step; abort after this many in a row
+    export: bool = True  # write the final model in the family's HF layout (+ tokenizer) to output_dir/export
+    chunk_size: int = 1024  # rows per chunk of the linear + log-softmax
+    eval_every: int = 0  # call the periodic-evaluation hook every N steps (0: never)
+
+    def __post_init__(self):
+        for key in ("steps", "batch_size", "micro_batch_size"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"train.{key} must be positive, got {getattr(self, key)}")
+
+
+@dataclass
+class RolloutSection:
+    group_size: int = 4  # completions per prompt (G)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    micro_batch_size: int = 0  # prompts per generate() call per rank (0: all at once)
+
+
+@dataclass
+class RewardSection:
+    name: Optional[str] = None  # default: the reward registered for each example's task
+    timeout: float = 10.0
+    workers: int = 1
+
+
+@dataclass
+class DistributedSection:
+    nproc: int = 1  # > 1: `dare train` launches torchrun itself
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
+    fsdp: bool = True  # shard with FSDP2 fully_shard when world size > 1
+
+
+@dataclass
+class LoggingSection:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "dare"
+    plot: bool = True  # training-curve PNG at every checkpoint
+    progress: bool = True
+
+
+@dataclass
+class TrainRecipe:
+    model: ModelSection
+    algorithm: AlgorithmConfig
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    reference: ReferenceSection = field(default_factory=ReferenceSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    reward: RewardSection = field(default_factory=RewardSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+
+    def __post_init__(self):
+        if self.reference.mode == "lora_disabled" and not self.lora.enabled:
+            raise ValueError("reference.mode: lora_disabled needs lora.enabled: true")
+
+
+def load_recipe(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> TrainRecipe:
+    return load_config(TrainRecipe, path, overrides)

@@ -1,0 +1,92 @@
+"""LoRA on any family (peft), adapter-disabled reference scoring, and merge-and-export to the family's layout.
+
+The native modules use the familiar names (``q_proj`` ... ``down_proj``, LLaDA2's fused ``qkv_proj``; MoE experts
+are ``mlp.experts.N.{gate,up,down}_proj``), so one target list covers every family. Adapters are injected in
+place (``peft.inject_adapter_in_model``): the model stays a ``DiffusionLM`` with its ``adapter`` and API, and only
+the LoRA weights are trainable. LoRA-A is re-initialised from an explicit generator so runs reproduce from their
+seed without touching the global RNG.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterable
+
+import torch
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _tuner_layers(model: torch.nn.Module):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+def has_lora(model: torch.nn.Module) -> bool:
+    try:
+        return bool(_tuner_layers(model))
+    except ImportError:
+        return False
+
+
+def target_regex(targets: Iterable[str] = DEFAULT_TARGETS, include_experts: bool = True) -> str:
+    names = "|".join(sorted(set(targets)))
+    prefix = "" if include_experts else r"(?!.*\.experts\.)"
+    return rf"^{prefix}.*\.({names})$"
+
+
+def apply_lora(model: torch.nn.Module, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+               targets: Iterable[str] = DEFAULT_TARGETS, include_experts: bool = True, seed: int = 0) -> torch.nn.Module:
+    """Inject LoRA adapters into ``model`` in place; freezes everything else. Returns ``model``."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ImportError("LoRA needs the peft package: pip install 'dare[lora]'") from e
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_regex(targets, include_experts))
+    try:
+        inject_adapter_in_model(cfg, model)
+    except ValueError as e:  # peft: "Target modules ... not found in the base model"
+        raise ValueError(f"lora.target_modules {sorted(set(targets))} matched no module of this {getattr(model, 'family', '')} "
+                         f"model: {e}") from e
+    gen = torch.Generator().manual_seed(seed)
+    for name, layer in _tuner_layers(model):
+        for a in layer.lora_A.values():
+            with torch.no_grad():  # peft's default init, from an explicit generator
+                w = torch.empty(a.weight.shape, dtype=torch.float32)
+                torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=gen)
+                a.weight.copy_(w.to(a.weight.dtype))
+    for n, p in model.named_parameters():
+        p.requires_grad_("lora_" in n)
+    return model
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module):
+    """Run the base model (adapters bypassed): the reference policy of LoRA training, without a second copy.
+
+    Flips peft's per-layer ``_disable_adapters`` flag directly: ``enable_adapters(False)`` would also change the
+    adapters' ``requires_grad``, which must not happen to parameters an optimizer (and FSDP) already hold.
+    """
+    layers = [m for _, m in _tuner_layers(model)]
+    before = [m._disable_adapters for m in layers]
+    try:
+        for m in layers:
+            m._disable_adapters = True
+        yield model
+    finally:
+        for m, b in zip(layers, before):
+            m._disable_adapters = b
+
+
+def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """Fold every adapter into its base weight and put the plain ``nn.Linear`` back (in place)."""
+    for name, layer in _tuner_layers(model):
+        layer.merge()
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, layer.get_base_layer())
+    return model
+
+
+def lora_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if "lora_" in k}

@@ -1,0 +1,164 @@
+"""Atomic, resumable checkpoints: model + optimizer (DTensor-aware, torch.distributed.checkpoint), scheduler,
+RNG states, step and data position.
+
+A checkpoint is written to ``checkpoints/.tmp-step-N``; the last file written is ``COMPLETE``, then the folder is
+renamed to ``checkpoints/step-N`` (a rename is atomic on POSIX). A run killed at any moment leaves either a
+complete ``step-N`` or a ``.tmp-*`` folder that is never loaded (and is removed by the next save). The data
+position is the step number (the sampler is a pure function of the step), and every random draw in training is
+keyed by (seed, step, ...), so a resumed run continues bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .distributed import DistEnv
+
+log = logging.getLogger(__name__)
+
+COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root`` (``step-N`` folders holding the COMPLETE marker), oldest first."""
+    out = []
+    if root.is_dir():
+        for p in root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir() and (p / COMPLETE).exists():
+                out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def _state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    # Frozen parameters (a LoRA base, a frozen reference) come back from the model source, not the checkpoint.
+    return StateDictOptions(ignore_frozen_params=True)
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: Path, env: DistEnv, keep: int = 2):
+        self.root = Path(run_dir) / "checkpoints"
+        self.env, self.keep = env, max(1, keep)
+
+    def latest(self) -> Optional[Path]:
+        found = list_checkpoints(self.root)
+        return found[-1][1] if found else None
+
+    def resolve(self, resume: str) -> Optional[Path]:
+        """``auto`` (latest complete or None), ``never``, or an explicit checkpoint folder."""
+        if resume == "never":
+            return None
+        if resume == "auto":
+            return self.latest()
+        path = Path(resume)
+        if not (path / COMPLETE).exists():
+            raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker)")
+        return path
+
+    # --- save ---------------------------------------------------------------------------------------------
+    def save(self, step: int, model, optimizer, trainer_state: dict, reference=None) -> Path:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        final = self.root / f"step-{step}"
+        tmp = self.root / f".tmp-step-{step}"
+        if self.env.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for stale in self.root.glob(".tmp-*"):  # left by a killed run; never loadable
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.env.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
+        state = {"model": model_sd, "optim": optim_sd}
+        if reference is not None:
+            state["reference"] = get_model_state_dict(reference)
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": yes, it is
+            warnings.filterwarnings("ignore", message=".*single process.*")
+            dcp.save(state, checkpoint_id=str(tmp / "dcp"))
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, tmp / f"rng-rank{self.env.rank}.pt")
+        self.env.barrier()
+        if self.env.is_main:
+            _write_text(tmp / "trainer_state.json", json.dumps(trainer_state, indent=2, default=str))
+            _write_text(tmp / COMPLETE, f"step {step}\n")
+            _fsync_dir(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            for old_step, old in list_checkpoints(self.root)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.env.barrier()
+        return final
+
+    # --- load ---------------------------------------------------------------------------------------------
+    def load(self, path: Path, model, optimizer, reference=None) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                             set_state_dict)
+
+        path = Path(path)
+        if not (path / COMPLETE).exists():
+            raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE} marker); refusing to load it")
+        try:
+            trainer_state = json.loads((path / "trainer_state.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}/trainer_state.json: unreadable: {e}") from e
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
+        state = {"model": model_sd, "optim": optim_sd}
+        if reference is not None:
+            state["reference"] = get_model_state_dict(reference)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*single process.*")
+                dcp.load(state, checkpoint_id=str(path / "dcp"))
+        except Exception as e:  # shape/key mismatch: a checkpoint of another model or config
+            raise CheckpointError(f"{path}: cannot load into this model/optimizer ({type(e).__name__}: {e}); "
+                                  f"was it written by a different recipe?") from e
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=_state_options())
+        if reference is not None:
+            set_model_state_dict(reference, state["reference"])
+        rng_file = path / f"rng-rank{self.env.rank}.pt"
+        if rng_file.exists():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        return trainer_state

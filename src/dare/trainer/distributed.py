@@ -1,0 +1,111 @@
+"""Distributed execution on PyTorch's own engine: torchrun + FSDP2 (``fully_shard``), gloo on CPU, NCCL on GPU.
+
+``dare train`` relaunches itself under ``python -m torch.distributed.run`` when ``distributed.nproc > 1`` (users
+never call torchrun). Each rank runs the same loop on its share of the step's batch; FSDP2 shards every decoder
+layer and the root, and reduce-scatters gradients (averaged over ranks: losses are scaled by the world size to
+turn that into the sum the additive losses need).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: Optional[str] = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, backend: str = "auto") -> "DistEnv":
+        """Read torchrun's environment; initialise the process group when there is more than one process."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = torch.cuda.is_available()
+        device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+        chosen = None
+        if world > 1:
+            chosen = backend if backend != "auto" else ("nccl" if cuda else "gloo")
+            if chosen == "nccl" and not cuda:
+                raise ValueError("distributed.backend: nccl needs CUDA devices; use gloo (or auto) on CPU")
+            if cuda:
+                torch.cuda.set_device(device)
+            if not dist.is_initialized():
+                dist.init_process_group(chosen)
+        return cls(rank, world, local, device, chosen)
+
+    # --- collectives (no-ops in a single process) ------------------------------------------------------
+    def all_reduce_sums(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum a dict of floats over ranks (keys must match on every rank)."""
+        if not self.distributed or not values:
+            return dict(values)
+        keys = sorted(values)
+        dev = self.device if self.backend == "nccl" else torch.device("cpu")
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=dev)
+        dist.all_reduce(t)
+        return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+    def all_true(self, flag: bool) -> bool:
+        if not self.distributed:
+            return bool(flag)
+        return self.all_reduce_sums({"ok": 0.0 if flag else 1.0})["ok"] == 0.0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def shard_model(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def set_grad_sync(model: torch.nn.Module, enabled: bool) -> None:
+    """Skip FSDP's gradient reduce-scatter on all but the last micro-batch (no-op without FSDP)."""
+    fn = getattr(model, "set_requires_gradient_sync", None)
+    if fn is not None:
+        fn(enabled)
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """The command that reruns ``dare <argv>`` under torchrun on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "dare.cli", *argv]

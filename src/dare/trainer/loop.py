@@ -1,0 +1,245 @@
+"""The training executor behind ``dare train``: one loop for SFT, LoRA, DPO/VRPO and RL.
+
+Each step, read top to bottom (``Trainer.train_step``):
+
+  (1) rollout   (2) reward         -- RL only (``algo.uses_rollout``), in ``dare.trainer.rl``
+  (3) corruption + old-policy / reference log-probs   -- ``stages.prepare``
+  (4) advantage                    -- ``algo.advantages`` (None for SFT / DPO)
+  (5) update: ``algo.inner_iterations`` optimizer updates, each over every micro-batch (``stages.update``)
+
+The loop never branches on an algorithm or model name: it reads the algorithm's declared fields (``data_kind``,
+``uses_rollout``, ``needs_reference`` ...) and the model's ``adapter``. Around the stages it owns data, FSDP2
+sharding, gradient clipping, NaN/inf skipping, the LR schedule, atomic checkpoints with exact resume, logs and the
+final export.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..algorithms.base import StepContext, build_algorithm
+from ..config.core import to_dict
+from ..models.lora import apply_lora
+from . import stages
+from .checkpoint import CheckpointManager
+from .data import PreferenceSource, SFTSource, load_preference_pairs, load_sft_docs
+from .distributed import DistEnv, set_grad_sync, shard_model
+from .logs import MetricsLogger
+from .model_setup import export_pretrained, load_policy
+from .optim import build_optimizer, build_scheduler, grad_norm_and_clip
+from .reference import CopyReference, build_reference
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (e.g. too many non-finite steps); the message says what to change."""
+
+
+def _sft_source(recipe, tokenizer, env):
+    docs = load_sft_docs(recipe.data, tokenizer)
+    return SFTSource(docs, recipe.data, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.rank, env.world_size)
+
+
+def _preference_source(recipe, tokenizer, env):
+    pairs = load_preference_pairs(recipe.data, tokenizer)
+    return PreferenceSource(pairs, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.rank, env.world_size)
+
+
+def _prompt_source(recipe, tokenizer, env):
+    from .rl import PromptSource
+    return PromptSource.from_recipe(recipe, tokenizer, env)
+
+
+# Data sources by the algorithm's declared ``data_kind``.
+DATA_SOURCES: dict[str, Callable] = {"sft": _sft_source, "preference": _preference_source, "prompts": _prompt_source}
+
+
+class Trainer:
+    def __init__(self, recipe, env: Optional[DistEnv] = None):
+        self.recipe = recipe
+        self.env = env or DistEnv.from_env(recipe.distributed.backend)
+        self.run_dir = Path(recipe.train.output_dir)
+        self.algo = build_algorithm(recipe.algorithm)
+        model, self.tokenizer = load_policy(recipe.model)
+        if recipe.lora.enabled:
+            lc = recipe.lora
+            apply_lora(model, lc.r, lc.alpha, lc.dropout, lc.target_modules, lc.include_experts, seed=recipe.train.seed)
+        if recipe.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.to(self.env.device)
+        self.reference = None
+        if self.algo.needs_reference:  # copied before sharding, then sharded the same way
+            self.reference = build_reference(recipe.reference.mode, model, recipe.lora.enabled)
+        self.fsdp = self.env.distributed and recipe.distributed.fsdp
+        if self.env.distributed and not recipe.distributed.fsdp:
+            raise ValueError("distributed.fsdp: false with several processes is not supported (use FSDP2 or nproc: 1)")
+        if self.fsdp:
+            shard_model(model, self.env)
+            if isinstance(self.reference, CopyReference):
+                shard_model(self.reference.model, self.env)
+        model.train()
+        self.model = model
+        self.optimizer = build_optimizer(model.parameters(), recipe.optim)
+        self.scheduler = build_scheduler(self.optimizer, recipe.optim, recipe.train.steps * self.algo.inner_iterations)
+        kind = self.algo.data_kind
+        if kind not in DATA_SOURCES:
+            raise ValueError(f"algorithm {self.algo.name!r} declares data_kind {kind!r}; known: {', '.join(DATA_SOURCES)}")
+        self.source = DATA_SOURCES[kind](recipe, self.tokenizer, self.env)
+        self.rollout = None
+        if self.algo.uses_rollout:
+            from .rl import RolloutStage
+            self.rollout = RolloutStage(recipe, self.tokenizer, self.env)
+        self.ckpt = CheckpointManager(self.run_dir, self.env, recipe.train.keep_checkpoints)
+        lg = recipe.logging
+        self.logger = MetricsLogger(self.run_dir, self.env.is_main, lg.tensorboard, lg.wandb, lg.wandb_project, to_dict(recipe))
+        self.start_step, self.bad_steps = 0, 0
+        self._resume()
+
+    # --- resume -----------------------------------------------------------------------------------------
+    def _ref_module(self):
+        sync_every = getattr(self.algo, "reference_sync", (0, 1.0))[0]
+        return self.reference.module if isinstance(self.reference, CopyReference) and sync_every else None
+
+    def _resume(self) -> None:
+        path = self.ckpt.resolve(self.recipe.train.resume)
+        if path is None:
+            if self.env.is_main:
+                self.logger.truncate_after(0)
+            return
+        state = self.ckpt.load(path, self.model, self.optimizer, self._ref_module())
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.start_step, self.bad_steps = int(state["step"]), int(state.get("bad_steps", 0))
+        self.logger.truncate_after(self.start_step)
+        log.info("resumed from %s at step %d", path, self.start_step)
+
+    # --- one step -----------------------------------------------------------------------------------------
+    def step_context(self, step: int) -> StepContext:
+        return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.rank,
+                           world_size=self.env.world_size, chunk_size=self.recipe.train.chunk_size,
+                           want_entropy=self.algo.uses_rollout, services={"tokenizer": self.tokenizer})
+
+    def train_step(self, step: int) -> dict:
+        t0 = time.perf_counter()
+        micro = self.recipe.train.micro_batch_size
+        batch = self.source.batch(step).to(self.env.device)
+        ctx = self.step_context(step)
+        metrics: dict[str, float] = {}
+        if self.rollout is not None:  # (1) rollout, (2) reward
+            batch, rollout_metrics = self.rollout.collect(ctx, batch, self.model)
+            metrics.update(rollout_metrics)
+        stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
+        adv = self.algo.advantages(ctx, batch)  # (4)
+        if adv is not None:
+            batch["advantages"] = adv
+        ctx.norms = self.env.all_reduce_sums(self.algo.normalizers(batch))
+        sums: dict[str, float] = defaultdict(float)
+        n_it = self.algo.inner_iterations
+        for it in range(n_it):  # (5)
+            grad_sync = (lambda flag: set_grad_sync(self.model, flag)) if self.fsdp else None
+            m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size), grad_sync)
+            m = self.env.all_reduce_sums(m)
+            grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")))
+            m["grad_norm"] = grad_norm
+            for k, v in m.items():
+                sums[k] += v / n_it
+            if not applied:
+                metrics["skipped"] = 1.0
+                break
+        metrics.update(sums)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["step_time"] = time.perf_counter() - t0
+        sync_every, alpha = getattr(self.algo, "reference_sync", (0, 1.0))
+        if sync_every and (step + 1) % sync_every == 0 and self.reference is not None:
+            self.reference.sync(self.model, alpha)
+        return metrics
+
+    def _optimizer_step(self, step: int, loss: float) -> tuple[float, bool]:
+        grad_norm = grad_norm_and_clip(self.model.parameters(), self.recipe.optim.grad_clip)
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return grad_norm, True
+        self.optimizer.zero_grad(set_to_none=True)
+        self.bad_steps += 1
+        limit = self.recipe.train.max_bad_steps
+        log.warning("step %d: non-finite loss %s / grad norm %s; update skipped (%d of at most %d)",
+                    step + 1, loss, grad_norm, self.bad_steps, limit)
+        if self.bad_steps > limit:
+            raise TrainingError(f"aborting at step {step + 1}: {self.bad_steps} non-finite losses/gradients "
+                                f"(train.max_bad_steps={limit}). Lower optim.lr, enable optim.grad_clip, or use a "
+                                f"higher-precision model.dtype; the last good checkpoint is {self.ckpt.latest()}")
+        return grad_norm, False
+
+    # --- checkpoints, eval ----------------------------------------------------------------------------------
+    def _params_finite(self) -> bool:
+        ok = True
+        for p in self.model.parameters():
+            t = p.to_local() if hasattr(p, "to_local") else p
+            if not bool(torch.isfinite(t).all()):
+                ok = False
+                break
+        return self.env.all_true(ok)
+
+    def save_checkpoint(self, steps_done: int) -> Path:
+        if not self._params_finite():  # never persist a NaN state
+            raise TrainingError(f"step {steps_done}: parameters are not finite; refusing to write a checkpoint")
+        state = {"step": steps_done, "scheduler": self.scheduler.state_dict(), "bad_steps": self.bad_steps,
+                 "recipe": to_dict(self.recipe)}
+        path = self.ckpt.save(steps_done, self.model, self.optimizer, state, self._ref_module())
+        if self.recipe.logging.plot:
+            self.logger.plot()
+        return path
+
+    def periodic_eval(self, steps_done: int) -> dict:
+        """Hook for evaluation during training (``train.eval_every``): calls ``dare.eval.evaluate`` when present."""
+        try:
+            from ..eval import evaluate  # provided by the evaluation package
+        except ImportError:
+            log.warning("train.eval_every is set but dare.eval.evaluate is not available; skipping evaluation")
+            return {}
+        self.model.eval()
+        try:
+            result = evaluate(self.model, self.tokenizer, self.recipe, step=steps_done)
+        finally:
+            self.model.train()
+        return {f"eval/{k}": v for k, v in (result or {}).items() if isinstance(v, (int, float))}
+
+    # --- run ----------------------------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        from tqdm import tqdm
+
+        tc = self.recipe.train
+        history = []
+        bar = tqdm(total=tc.steps, initial=self.start_step, desc=f"dare train {self.algo.name}", unit="step",
+                   disable=not (self.env.is_main and self.recipe.logging.progress), dynamic_ncols=True)
+        last_saved = self.start_step if self.start_step else None
+        try:
+            for step in range(self.start_step, tc.steps):
+                metrics = self.train_step(step)
+                done = step + 1
+                if tc.eval_every and done % tc.eval_every == 0:
+                    metrics.update(self.periodic_eval(done))
+                if done % tc.log_every == 0 or done == tc.steps:
+                    self.logger.log(done, metrics)
+                history.append({"step": done, **metrics})
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
+                if tc.save_every and done % tc.save_every == 0:
+                    self.save_checkpoint(done)
+                    last_saved = done
+            if last_saved != tc.steps:
+                self.save_checkpoint(tc.steps)
+            if tc.export:
+                export_pretrained(self.model, self.tokenizer, self.run_dir / "export", self.env, self.recipe.lora)
+        finally:
+            bar.close()
+            self.logger.close()
+        return history

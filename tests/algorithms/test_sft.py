@@ -1,0 +1,130 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dare.algorithms import StepContext, build_algorithm
+from dare.algorithms.sft import SFTConfig
+from dare.diffusion import block_diffusion_inputs, score_targets
+from dare.models import load_model, tiny, tiny_tokenizer
+from dare.trainer import stages
+from dare.trainer.data import SFTDoc, pack_first_fit, sft_rows_batch
+from tests.conftest import FIXTURES
+
+
+def _docs(n=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for i in range(n):
+        p = int(torch.randint(2, 6, (1,), generator=g))
+        a = int(torch.randint(2, 9, (1,), generator=g))
+        docs.append(SFTDoc(i, torch.randint(10, 100, (p,), generator=g).tolist(), torch.randint(10, 100, (a,), generator=g).tolist() + [1]))
+    return docs
+
+
+def _loss(model, algo, batch, step=0):
+    ctx = StepContext(step=step, seed=5, adapter=model.adapter)
+    stages.prepare(algo, ctx, batch, model)
+    ctx.norms = algo.normalizers(batch)
+    with torch.no_grad():
+        return algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch["views"][0]), 0)[0].item(), batch
+
+
+def test_prompt_never_masked_and_only_masked_answers_are_targets():
+    tok = tiny_tokenizer()
+    model = tiny("llada", tokenizer=tok, num_layers=1)
+    algo = build_algorithm(SFTConfig())
+    rows = pack_first_fit(_docs(6), 40)
+    batch = sft_rows_batch(rows, list(range(len(rows))), 1, False)
+    ctx = StepContext(step=1, seed=0, adapter=model.adapter)
+    (view,) = algo.corrupt(ctx, batch, 0)
+    noisy = view.input_ids == model.adapter.mask_token_id
+    assert torch.equal(noisy, view.targets)
+    assert not (noisy & ~batch["answer_mask"]).any()
+    assert (view.weight[~view.targets] == 0).all()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_packed_and_padded_rows_give_the_same_loss(family):
+    tok = tiny_tokenizer()
+    model = tiny(family, tokenizer=tok, num_layers=1, seed=2)
+    algo = build_algorithm(SFTConfig())
+    docs = _docs(5)
+    packed = pack_first_fit(docs, 32)
+    assert len(packed) < len(docs)
+    lp, _ = _loss(model, algo, sft_rows_batch(packed, list(range(len(packed))), 1, False))
+    ld, _ = _loss(model, algo, sft_rows_batch([[d] for d in docs], list(range(5)), 1, False))
+    assert abs(lp - ld) < 1e-5, (lp, ld)
+
+
+def test_t_one_loss_is_mean_answer_cross_entropy():
+    tok = tiny_tokenizer()
+    model = tiny("llada", tokenizer=tok, num_layers=1, seed=4)
+    algo = build_algorithm(SFTConfig(t_min=0.99999, weighting="uniform", normalize="answer_tokens"))
+    docs = _docs(3, seed=3)
+    batch = sft_rows_batch([[d] for d in docs], [0, 1, 2], 1, False)
+    loss, batch = _loss(model, algo, batch)
+    assert torch.equal(batch["views"][0][0].targets, batch["answer_mask"])  # everything masked
+    ids = batch["input_ids"].clone()
+    ids[batch["answer_mask"]] = model.adapter.mask_token_id
+    with torch.no_grad():
+        logits = model(ids, layout=batch["views"][0][0].layout).logits
+    ce = F.cross_entropy(logits[batch["answer_mask"]], batch["input_ids"][batch["answer_mask"]])
+    assert abs(loss - ce.item()) < 1e-5
+
+
+def test_llada_recipe_normalises_per_answer_length_with_inverse_t():
+    tok = tiny_tokenizer()
+    model = tiny("llada", tokenizer=tok, num_layers=1, seed=4)
+    algo = build_algorithm(SFTConfig())
+    docs = _docs(3, seed=7)
+    loss, batch = _loss(model, algo, sft_rows_batch([[d] for d in docs], [0, 1, 2], 1, False))
+    view = batch["views"][0][0]
+    with torch.no_grad():
+        logp = F.log_softmax(model(view.input_ids, layout=view.layout).logits.float(), -1)
+    manual = 0.0
+    for r, d in enumerate(docs):
+        m = view.targets[r]
+        t = view.info["t"][r, 0].item()
+        ce = -logp[r][m].gather(1, batch["input_ids"][r][m][:, None]).sum().item()
+        manual += ce / t / len(d.answer)
+    assert abs(loss - manual / 3) < 1e-4
+
+
+def test_llada2_time_range_and_uniform_weights():
+    tok = tiny_tokenizer()
+    model = tiny("llada2_moe", tokenizer=tok, num_layers=2)
+    algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens"))
+    batch = sft_rows_batch([[d] for d in _docs(8, seed=1)], list(range(8)), 1, False)
+    (view,) = algo.corrupt(StepContext(step=0, seed=1, adapter=model.adapter), batch, 0)
+    t = view.info["t"][:, 0]
+    assert ((t >= 0.3) & (t <= 0.8)).all()
+    assert torch.equal(view.weight, view.targets.float())
+    L = batch["input_ids"].shape[1]
+    assert view.input_ids.shape[1] == 2 * L  # [x_t ; x_0]
+    assert torch.equal(view.input_ids[:, L:], batch["input_ids"])
+
+
+def test_dream_cart_weights():
+    from dare.diffusion import cart_weights
+    tok = tiny_tokenizer()
+    model = tiny("dream", tokenizer=tok, num_layers=1)
+    algo = build_algorithm(SFTConfig(weighting="cart", normalize="answer_tokens"))
+    docs = _docs(2, seed=9)
+    batch = sft_rows_batch([[d] for d in docs], [0, 1], 1, False)
+    (view,) = algo.corrupt(StepContext(step=0, seed=3, adapter=model.adapter), batch, 0)
+    for r, d in enumerate(docs):
+        m = view.targets[r, :len(d)]
+        assert torch.allclose(view.weight[r, :len(d)], cart_weights(m, ~m, 0.3))
+
+
+def test_block_nelbo_matches_sdar_reference_training_forward():
+    t = torch.load(FIXTURES / "sdar-tiny" / "expected_logits.pt")["training"]
+    model = load_model(FIXTURES / "sdar-tiny", mask_token_id=500)
+    target = t["bd_target_mask"].bool()
+    ids, layout = block_diffusion_inputs(t["bd_noisy_input_ids"], t["input_ids"], t["position_ids"])
+    with torch.no_grad():
+        logp, _ = score_targets(model, ids, target, t["input_ids"], layout=layout, chunk_size=5)
+    token_loss = -logp[target] / t["bd_p_mask"][target]
+    assert torch.allclose(token_loss, t["block_diffusion_token_loss"], atol=1e-4)
+    answer_tokens = (t["labels"] != -100).sum()
+    assert abs(token_loss.sum().item() / answer_tokens.item() - t["loss"].item()) < 1e-4
