@@ -7,7 +7,8 @@
 from .config import DataConfig
 from .layouts import LAYOUTS, register_layout
 from .loading import iter_examples, load_examples
-from .prompts import PromptedExample, build_prompts, build_sft_example, encode_prompt, render, render_prompt
+from .prompts import (PromptedExample, build_prompts, build_sft_example, encode_prompt, render, render_prompt,
+                      uses_chat_template)
 from .registry import ASSETS, DATASETS, DatasetSpec, HFSource, get_dataset, register_dataset
 from .schema import TASKS, BadRowPolicy, DataError, validate_example
 from .tasks import solve_countdown
@@ -15,7 +16,7 @@ from .templates import TEMPLATES, Prompt, Template, get_template, register_templ
 
 __all__ = [
     "DataConfig", "LAYOUTS", "register_layout", "iter_examples", "load_examples", "PromptedExample", "build_prompts",
-    "build_sft_example", "encode_prompt", "render", "render_prompt", "ASSETS", "DATASETS", "DatasetSpec", "HFSource",
+    "build_sft_example", "encode_prompt", "render", "render_prompt", "uses_chat_template", "ASSETS", "DATASETS", "DatasetSpec", "HFSource",
     "get_dataset", "register_dataset", "TASKS", "BadRowPolicy", "DataError", "validate_example", "solve_countdown",
     "TEMPLATES", "Prompt", "Template", "get_template", "register_template",
 ]

@@ -9,7 +9,9 @@ from .schema import BadRowPolicy, DataError
 from .templates import Prompt, Template, get_template
 
 
-def _uses_chat(tokenizer, template: Template, mode: str) -> bool:
+def uses_chat_template(tokenizer, template, mode: str = "auto") -> bool:
+    """Whether prompts of ``template`` go through ``tokenizer``'s chat template under ``chat_template: mode``."""
+    template = get_template(template)
     has = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     if mode == "always":
         if not has:
@@ -18,11 +20,14 @@ def _uses_chat(tokenizer, template: Template, mode: str) -> bool:
     return mode == "auto" and template.chat and has
 
 
+_uses_chat = uses_chat_template  # older name, kept for callers
+
+
 def render(prompt: Prompt, tokenizer=None, template: Optional[Template] = None, chat_template: str = "auto") -> str:
     """Prompt text: ``apply_chat_template(..., add_generation_prompt=True)`` + generation prefix, or the plain text."""
     if chat_template not in ("auto", "always", "never"):
         raise ValueError(f"chat_template must be auto, always or never, got {chat_template!r}")
-    if _uses_chat(tokenizer, template or get_template("reasoning"), chat_template):
+    if uses_chat_template(tokenizer, template or get_template("reasoning"), chat_template):
         text = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
         return text + prompt.generation_prefix
     return prompt.plain_text()
@@ -70,7 +75,7 @@ class PromptedExample:
 def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig) -> list[PromptedExample]:
     """Render and tokenize every example; prompts over ``max_prompt_tokens`` follow ``on_bad_row``."""
     tpl = get_template(cfg.template)
-    chat = _uses_chat(tokenizer, tpl, cfg.chat_template)
+    chat = uses_chat_template(tokenizer, tpl, cfg.chat_template)
     policy = BadRowPolicy(cfg.on_bad_row, what="prompt")
     out = []
     for ex in examples:

@@ -1,0 +1,147 @@
+"""``dare eval [RECIPE] --model PATH --benchmarks gsm8k,sudoku --limit N``: evaluate models, write a results table.
+
+Flags override the recipe, which overrides the defaults (``dare.eval.config.EvalConfig``); ``--set key=value``
+reaches any field (``--set sampler.cache=dual``). Several ``--model`` give one table row each (Table 2 shape).
+Per-sample JSONL, results.json and results.md land in ``--output-dir`` (one folder per model plus the combined
+table); an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+NAME = "eval"
+HELP = "evaluate models on built-in benchmarks (and lm-eval tasks); resumable, writes JSONL + results table"
+log = logging.getLogger(__name__)
+
+# flag -> (dotted config key, type)
+SAMPLER_FLAGS = {
+    "gen_length": int, "block_length": int, "steps": int, "steps_per_block": int, "temperature": float,
+    "top_p": float, "top_k": int, "remasking": str, "cache": str, "threshold": float, "alg_temp": float,
+}
+RUN_FLAGS = {
+    "limit": int, "batch_size": int, "seed": int, "n_samples": int, "template": str, "system_prompt": str,
+    "chat_template": str, "generation_prefix": str, "max_prompt_tokens": int, "on_bad_row": str,
+    "reward_timeout": float, "reward_workers": int, "output_dir": str, "dtype": str, "device": str,
+    "mask_token_id": int, "tokenizer": str, "tiny_seed": int,
+}
+
+
+def add_arguments(p):
+    p.add_argument("recipe", nargs="?", help="an eval recipe YAML (recipes/eval/*.yaml)")
+    p.add_argument("--model", action="append", default=None, metavar="SPEC",
+                   help="checkpoint folder, hub id or tiny:<family>; repeat or comma-separate for several")
+    p.add_argument("--benchmarks", default=None, help="comma-separated built-in benchmarks, or 'all' "
+                   "(gsm8k, math500, humaneval, mbpp, countdown, sudoku, aime24, aime25)")
+    for name, tp in {**RUN_FLAGS, **SAMPLER_FLAGS}.items():
+        p.add_argument("--" + name.replace("_", "-"), type=tp, default=None, dest=name)
+    p.add_argument("--no-resume", action="store_true", help="start over instead of resuming from the JSONL files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--lm-eval-tasks", default=None, help="comma-separated lm-evaluation-harness tasks (needs dare[eval])")
+    p.add_argument("--lm-eval-include-path", default=None, help="folder of extra lm-eval task YAMLs")
+    p.add_argument("--mc-num", type=int, default=None, help="ELBO Monte-Carlo samples for lm-eval loglikelihood")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config field (dotted)")
+
+
+def build_config(args):
+    from dare.config import apply_overrides, from_dict, load_yaml
+    from dare.eval.config import EvalConfig
+
+    data = load_yaml(args.recipe) if args.recipe else {}
+    data = apply_overrides(data, args.set)
+    if args.model:
+        data["models"] = [m.strip() for spec in args.model for m in spec.split(",") if m.strip()]
+    if args.benchmarks is not None:
+        data["benchmarks"] = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    for name in RUN_FLAGS:
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    sampler = dict(data.get("sampler") or {})
+    for name in SAMPLER_FLAGS:
+        if getattr(args, name) is not None:
+            sampler[name] = getattr(args, name)
+    if sampler.get("gen_length") is not None and "steps" not in sampler and "steps_per_block" not in sampler:
+        sampler["steps"] = sampler["gen_length"]  # one token per step unless told otherwise
+    data["sampler"] = sampler
+    if args.no_resume:
+        data["resume"] = False
+    if args.no_progress:
+        data["progress"] = False
+    lm = dict(data.get("lm_eval") or {})
+    if args.lm_eval_tasks is not None:
+        lm["tasks"] = [t.strip() for t in args.lm_eval_tasks.split(",") if t.strip()]
+    if args.lm_eval_include_path is not None:
+        lm["include_path"] = args.lm_eval_include_path
+    if args.mc_num is not None:
+        lm["mc_num"] = args.mc_num
+    data["lm_eval"] = lm
+    cfg = from_dict(EvalConfig, data)
+    if not cfg.models:
+        raise ValueError("no model to evaluate: give --model PATH (or tiny:<family>) or models: in the recipe")
+    return cfg
+
+
+def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
+    """lm-eval tasks through the dare LM plugin; returns {task: summary} in the results-table format."""
+    from dare.eval import register_lm_eval
+
+    DareLM = register_lm_eval()
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    lm = DareLM(model=model, tokenizer=tokenizer, sampler=cfg.sampler, mc_num=cfg.lm_eval.mc_num,
+                mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
+                batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length)
+    tm = TaskManager(include_path=cfg.lm_eval.include_path) if cfg.lm_eval.include_path else TaskManager()
+    out = lm_eval.simple_evaluate(model=lm, tasks=list(cfg.lm_eval.tasks), num_fewshot=cfg.lm_eval.num_fewshot,
+                                  limit=cfg.limit, task_manager=tm, apply_chat_template=cfg.lm_eval.apply_chat_template,
+                                  log_samples=False, bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed,
+                                  torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+    summaries = {}
+    for task, metrics in (out or {}).get("results", {}).items():
+        values = {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+        key = next((m for m in ("acc_norm", "acc", "exact_match", "pass@1") if m in values), next(iter(values), None))
+        summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
+                           "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
+    return summaries
+
+
+def run(args) -> int:
+    from dare.eval import evaluate, write_results
+    from dare.eval.models import load_for_eval, model_name
+    from dare.rewards import close_pool
+
+    cfg = build_config(args)
+    out = Path(cfg.output_dir)
+    all_results = []
+    names = [model_name(m) for m in cfg.models]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"two models would share the output folder {sorted(dupes)}; give them distinct folder names")
+    try:
+        for spec, name in zip(cfg.models, names):
+            model, tok = load_for_eval(spec, dtype=cfg.dtype, device=cfg.device, mask_token_id=cfg.mask_token_id,
+                                       tokenizer=cfg.tokenizer, tiny_seed=cfg.tiny_seed)
+            res = {"model": name, "benchmarks": {}}
+            if cfg.benchmarks:
+                res = evaluate(model, tok, cfg.benchmarks, cfg.sampler, output_dir=out / name, model_name=name,
+                               options=cfg.options())
+            if cfg.lm_eval.tasks:
+                res["benchmarks"].update(run_lm_eval(cfg, model, tok, name))
+                write_results(res, out / name)
+            res["spec"] = spec
+            all_results.append(res)
+            del model
+    finally:
+        close_pool()
+    write_results(all_results, out)
+    table = (out / "results.md").read_text()
+    print(table)
+    log.info("wrote %s and %s", out / "results.md", out / "results.json")
+    return 0
+
+
+def results_summary(path) -> list[dict]:
+    """Read a combined results.json back (for scripts)."""
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,82 @@
+"""The lm-evaluation-harness plugin on a tiny model, fully offline, with local YAML tasks."""
+import json
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from dare.diffusion.noise import derive_seed  # noqa: E402
+from dare.eval import register_lm_eval  # noqa: E402
+from dare.eval.likelihood import elbo_loglikelihood  # noqa: E402
+from dare.rollout import SamplerConfig, generate  # noqa: E402
+
+MC = [{"question": "2+2=", "choices": ["4", "5", "66"], "label": 0},
+      {"question": "3+3=", "choices": ["7", "6", "9"], "label": 1},
+      {"question": "1+1=", "choices": ["3", "41", "2"], "label": 2},
+      {"question": "5-1=", "choices": ["4", "0"], "label": 0}]
+GEN = [{"question": "2+2=", "answer": "4"}, {"question": "9-3=", "answer": "6"}]
+
+
+def _tasks(tmp_path):
+    for name, rows in (("mc", MC), ("gen", GEN)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = f"dataset_path: json\ntest_split: test\ndoc_to_text: \"{{{{question}}}}\"\n"
+    (tmp_path / "tiny_mc.yaml").write_text(
+        f"task: dare_tiny_mc\n{common}dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'mc.jsonl'}\n"
+        "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: label\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    (tmp_path / "tiny_gen.yaml").write_text(
+        f"task: dare_tiny_gen\n{common}dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'gen.jsonl'}\n"
+        "output_type: generate_until\ndoc_to_target: \"{{answer}}\"\ngeneration_kwargs:\n  until: [\"9\"]\n"
+        "  max_gen_toks: 6\nmetric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+
+
+@pytest.mark.slow
+def test_simple_evaluate_offline_on_local_tasks(tmp_path, monkeypatch, tiny_llada, tiny_tok, one_thread):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    _tasks(tmp_path)
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    DareLM = register_lm_eval()
+    assert get_model("dare") is DareLM
+    sampler = SamplerConfig(gen_length=8, block_length=8, steps=8)
+    lm = DareLM(model=tiny_llada, tokenizer=tiny_tok, sampler=sampler, mc_num=6, seed=3)
+    out = lm_eval.simple_evaluate(model=lm, tasks=["dare_tiny_mc", "dare_tiny_gen"], bootstrap_iters=0,
+                                  task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+    # Multiple choice: every choice scored by the ELBO with the request's own seed; acc follows from those numbers.
+    expected_correct = []
+    for doc, sample in zip(MC, sorted(out["samples"]["dare_tiny_mc"], key=lambda s: s["doc_id"])):
+        lls = [r[0][0] for r in sample["resps"]]
+        for choice, ll in zip(doc["choices"], lls):
+            ctx = tiny_tok(doc["question"], add_special_tokens=False)["input_ids"]
+            whole = tiny_tok(doc["question"] + " " + choice, add_special_tokens=False)["input_ids"]
+            gen = torch.Generator().manual_seed(derive_seed(3, "lm-eval", "ll", doc["question"], " " + choice))
+            assert ll == pytest.approx(elbo_loglikelihood(tiny_llada, whole[:len(ctx)], whole[len(ctx):], mc_num=6,
+                                                          generator=gen), abs=1e-6)
+        expected_correct.append(max(range(len(lls)), key=lls.__getitem__) == doc["label"])
+    assert out["results"]["dare_tiny_mc"]["acc,none"] == pytest.approx(sum(expected_correct) / len(MC))
+    # Generation: our sampler's decode of the prompt with its seed, cut at the first "until" string.
+    for doc, sample in zip(GEN, sorted(out["samples"]["dare_tiny_gen"], key=lambda s: s["doc_id"])):
+        ids = tiny_tok(doc["question"], add_special_tokens=False)["input_ids"]
+        cfg = SamplerConfig(gen_length=8, block_length=8, steps=8)
+        text = generate(tiny_llada, [ids], cfg, seeds=[derive_seed(3, "lm-eval-gen", doc["question"])]).texts(tiny_tok)[0]
+        assert sample["resps"][0][0] == text.split("9")[0]
+    assert 0.0 <= out["results"]["dare_tiny_gen"]["exact_match,none"] <= 1.0
+
+
+def test_plugin_argument_errors(tiny_llada, tiny_tok):
+    DareLM = register_lm_eval()
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['gen_len'\]"):
+        DareLM(model=tiny_llada, tokenizer=tiny_tok, gen_len=4)
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        DareLM(model=tiny_llada)
+    lm = DareLM(model=tiny_llada, tokenizer=tiny_tok, gen_length=16, block_length=8, steps=16)
+    cfg = lm._sampler_for({"max_gen_toks": 20, "temperature": 0.5})
+    assert (cfg.gen_length, cfg.steps, cfg.temperature) == (24, 24, 0.5)
+    # Word-boundary spaces move from the context to the continuation; an empty context gets a prefix token.
+    ctx, cont = lm._pair("Q: 2+2= ", "4")
+    assert tiny_tok.decode(cont) == " 4" and tiny_tok.decode(ctx) == "Q: 2+2="
+    assert lm._pair("", "hi")[0] == [tiny_tok.bos_token_id]
