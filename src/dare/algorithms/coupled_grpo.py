@@ -1,0 +1,95 @@
+"""Coupled-GRPO (DiffuCoder, Gong et al. 2025; algorithms.md section 3).
+
+Likelihood: a complementary-mask pair. Per sample and inner iteration draw ``t ~ U[t_min, t_max]`` (0.2, 0.8) and
+``R ~ U[0,1]^Lc``; view v1 masks the completion positions with ``R < t``, view v2 the others (``R >= t``), so every
+completion token is masked -- and scored -- in exactly one of the two views ("full coverage"). With the extra
+fully-masked view v0 (``full_mask_view``, on in the reference code) the per-token estimate is::
+
+    l_k = 1/2 [ logp_k(v0) + logp_k(v1) / t ]        if k in v1
+    l_k = 1/2 [ logp_k(v0) + logp_k(v2) / (1 - t) ]  if k in v2
+
+Without v0 it is ``1/2 logp_k(v_k) / w_k`` (the pair average of the two 1/t-weighted ELBO terms; the coupled term
+keeps the weight it has in the reference). Three forwards per iteration (two without v0); the prompt is never
+masked. Masks come from ``ctx.generator(iteration, uid)``: old, reference and current policies score identical
+inputs, each sample gets its own t (the reference draws one t per call and, in the original DARE port, reseeds a
+fixed 42 on every call -- neither is done here).
+
+Loss: token-level clipped GRPO (eps 0.5 both sides) + beta 0.01 KL3 to the reference, leave-one-out advantages
+``A_i = r_i - mean_{j != i} r_j = G/(G-1)(r_i - mean)`` without std scaling, token mean over the whole step.
+Defaults follow ``recipes/config_coupled_code.yaml`` (mu 2, reference sync every 64 steps). Masked-diffusion
+models only: the estimator is a bidirectional-MDM ELBO.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..diffusion.corruption import apply_mask
+from .base import Batch, StepContext, View, register_algorithm
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, rl_view
+
+
+@dataclass
+class CoupledGRPOConfig(GRPOConfig):
+    name: str = "coupled_grpo"
+    inner_iterations: int = 2
+    clip_low: float = 0.5
+    beta: float = 0.01
+    advantage: AdvantageMode = "loo"
+    ref_sync_every: int = 64
+    ref_sync_alpha: float = 0.6
+    t_min: float = 0.2
+    t_max: float = 0.8
+    full_mask_view: bool = True  # the reference code's extra all-masked view (d1 estimate averaged in)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 < self.t_min <= self.t_max < 1.0:
+            raise ValueError(f"coupled_grpo needs 0 < t_min <= t_max < 1 (both views use 1/t weights), "
+                             f"got t_min={self.t_min}, t_max={self.t_max}")
+
+
+def coupled_masks(ctx: StepContext, batch: Batch, iteration: int, t_min: float, t_max: float):
+    """(v1 mask bool ``[B, Lc]``, t ``[B]``): v1 = ``R < t``; its complement is v2. Keyed per (iteration, uid)."""
+    comp = batch["completion_ids"]
+    B, Lc = comp.shape
+    v1 = torch.zeros(B, Lc, dtype=torch.bool)
+    t = torch.zeros(B)
+    for i, uid in enumerate(batch["uid"].tolist()):
+        g = ctx.generator(iteration, uid, 0)
+        t[i] = t_min + (t_max - t_min) * torch.rand((), generator=g, dtype=torch.float64).item()
+        v1[i] = torch.rand(Lc, generator=g, dtype=torch.float64) < t[i].item()
+    return v1.to(comp.device), t.to(comp.device)
+
+
+@register_algorithm
+class CoupledGRPO(GRPOAlgorithm):
+    name = "coupled_grpo"
+    config_class = CoupledGRPOConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+
+    @property
+    def mc_samples(self) -> int:
+        return 3 if self.config.full_mask_view else 2
+
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        if ctx.adapter.attention not in self.supports:
+            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
+                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        cfg = self.config
+        mask_id = ctx.adapter.mask_token_id
+        comp, scored = batch["completion_ids"], batch["completion_mask"].bool()
+        v1, t = coupled_masks(ctx, batch, iteration, cfg.t_min, cfg.t_max)
+        v2 = ~v1
+        info = {"t": t, "v1": v1}
+        views = []
+        if cfg.full_mask_view:
+            views.append(rl_view(ctx, batch, torch.full_like(comp, mask_id), scored,
+                                 weight=torch.full(comp.shape, 0.5, device=comp.device) * scored, info=info))
+        for masked, w in ((v1, 1.0 / t), (v2, 1.0 / (1.0 - t))):
+            targets = masked & scored
+            weight = 0.5 * w[:, None].float() * targets
+            views.append(rl_view(ctx, batch, apply_mask(comp, masked, mask_id), targets, weight=weight, info=info))
+        return views

@@ -1,0 +1,142 @@
+import pytest
+import torch
+
+from dare.algorithms import StepContext, build_algorithm
+from dare.algorithms.coupled_grpo import CoupledGRPOConfig
+from dare.diffusion.logprob import score_targets
+from dare.models import tiny, tiny_tokenizer
+from dare.trainer import stages
+from tests.algorithms.helpers import rl_batch
+
+
+def _setup(family="llada", **cfg):
+    model = tiny(family, tokenizer=tiny_tokenizer(), seed=0, num_layers=1)
+    algo = build_algorithm(CoupledGRPOConfig(**cfg))
+    return model, algo, StepContext(step=2, seed=7, adapter=model.adapter)
+
+
+def _masked_completion(view, P, mask_id):
+    return view.input_ids[:, P:] == mask_id
+
+
+def test_complementary_masks_are_disjoint_and_cover_the_completion():
+    model, algo, ctx = _setup()
+    batch = rl_batch(n_prompts=3, group=2, gen_len=12)
+    v0, v1, v2 = algo.corrupt(ctx, batch, 0)
+    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    m0, m1, m2 = (_masked_completion(v, P, mask_id) for v in (v0, v1, v2))
+    assert m0.all()  # v0: the whole completion masked
+    assert not (m1 & m2).any() and (m1 | m2).all()  # v1, v2 partition the completion
+    assert torch.equal(m1, v1.info["v1"])
+    cmask = batch["completion_mask"]
+    for v, m in ((v1, m1), (v2, m2)):  # scored = masked and up to the first EOS; prompt never masked or scored
+        assert torch.equal(v.targets[:, P:], m & cmask) and not v.targets[:, :P].any()
+        assert torch.equal(v.input_ids[:, :P], batch["prompt_ids"])
+    t = v1.info["t"]
+    assert ((t >= 0.2) & (t <= 0.8)).all() and len(set(t.tolist())) == batch.size  # one t per sample
+    # the 1/t and 1/(1-t) ELBO weights, halved
+    w1 = v1.weight[:, P:]
+    assert torch.allclose(w1[m1 & cmask], (0.5 / t[:, None]).expand_as(w1)[m1 & cmask])
+    w2 = v2.weight[:, P:]
+    assert torch.allclose(w2[m2 & cmask], (0.5 / (1 - t[:, None])).expand_as(w2)[m2 & cmask])
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_estimate_at_half_is_half_of_full_view_plus_twice_the_coupled_view(family):
+    model, algo, ctx = _setup(family, t_min=0.5, t_max=0.5)
+    batch = rl_batch(n_prompts=2, group=2, gen_len=8, seed=3)
+    views = algo.corrupt(ctx, batch, 0)
+    value = algo.log_likelihood(ctx, model, batch, views).value
+    P = batch["prompt_ids"].shape[1]
+    raw = []
+    for v in views:  # plain per-view log-probs of the scored tokens, independent of the weights
+        lp, _ = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask)
+        raw.append(lp[:, P:])
+    l0, l1, l2 = raw
+    in_v1 = views[1].info["v1"]
+    lv = torch.where(in_v1, l1, l2)
+    cmask = batch["completion_mask"]
+    expected = (0.5 * (l0 + 2 * lv)) * cmask
+    assert torch.allclose(value, expected, atol=1e-5)
+    assert (value[cmask] != 0).all()
+
+
+def test_leave_one_out_advantages():
+    _, algo, ctx = _setup()
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.0, 1.0, 3.0, 1.0])
+    batch = rl_batch(n_prompts=2, group=5, rewards=r)
+    adv = algo.advantages(ctx, batch)
+    G = 5
+    for g in range(2):
+        rg, ag = r[g * G:(g + 1) * G], adv[g * G:(g + 1) * G]
+        assert abs(ag.sum().item()) < 1e-6
+        assert torch.allclose(ag, G / (G - 1) * (rg - rg.mean()))
+        assert torch.allclose(ag, torch.stack([rg[i] - (rg.sum() - rg[i]) / (G - 1) for i in range(G)]))
+
+
+@pytest.mark.parametrize("full_view,expected", [(True, 3), (False, 2)])
+def test_forwards_per_iteration(full_view, expected):
+    model, algo, ctx = _setup(full_mask_view=full_view)
+    batch = rl_batch(n_prompts=1, group=3)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    try:
+        algo.log_likelihood(ctx, model, batch, algo.corrupt(ctx, batch, 0))
+    finally:
+        handle.remove()
+    assert len(calls) == expected == algo.mc_samples
+
+
+def test_masks_replay_across_passes_and_microbatches_without_touching_global_rng():
+    _, algo, ctx = _setup()
+    batch = rl_batch(n_prompts=3, group=2)
+    state = torch.get_rng_state()
+    a = algo.corrupt(ctx, batch, 0)
+    assert torch.equal(torch.get_rng_state(), state)
+    b = algo.corrupt(ctx, batch, 0)
+    c = algo.corrupt(ctx, batch, 1)
+    sub = algo.corrupt(ctx, batch.select([5, 0]), 0)
+    for va, vb, vs in zip(a, b, sub):
+        assert torch.equal(va.input_ids, vb.input_ids) and torch.equal(va.weight, vb.weight)
+        assert torch.equal(vs.input_ids, va.input_ids[[5, 0]])
+    assert not torch.equal(a[1].input_ids, c[1].input_ids)  # fresh noise per inner iteration
+    other_step = StepContext(step=3, seed=7, adapter=ctx.adapter)
+    assert not torch.equal(a[1].input_ids, algo.corrupt(other_step, batch, 0)[1].input_ids)
+
+
+def test_identical_masks_in_old_and_train_pass_give_unit_ratio_and_learn():
+    model, algo, ctx = _setup(inner_iterations=2, beta=0.0)
+    batch = rl_batch(n_prompts=2, group=3, seed=4)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    stages.prepare(algo, ctx, batch, model, micro_batch_size=4)
+    ctx.norms = algo.normalizers(batch)
+    metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
+    m = batch["completion_mask"].float()
+    assert metrics["loss"] == pytest.approx((-(m * batch["advantages"][:, None]).sum() / m.sum()).item(), abs=1e-6)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_kl_to_identical_reference_is_zero():
+    model, algo, ctx = _setup(inner_iterations=1)
+
+    class SameRef:
+        def scoring(self):
+            return stages.frozen(model)
+
+    batch = rl_batch(n_prompts=2, group=2, seed=5)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    stages.prepare(algo, ctx, batch, model, reference=SameRef())
+    ctx.norms = algo.normalizers(batch)
+    assert stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)["kl"] == 0.0
+
+
+def test_block_models_are_rejected():
+    model, algo, ctx = _setup("sdar")
+    with pytest.raises(ValueError, match="bidirectional"):
+        algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+
+
+def test_config_rejects_bad_time_range():
+    with pytest.raises(ValueError, match="t_min"):
+        CoupledGRPOConfig(t_min=0.0)
