@@ -1,0 +1,97 @@
+"""wd1: weighted policy optimisation without ratios (Tang et al. 2025; algorithms.md section 9).
+
+Likelihood: d1's one-step mean-field estimate (every completion position masked, real prompt tokens masked with
+``p_mask_prompt``, keyed per (iteration, sample) -- ``D1.corrupt``), summed over the completion:
+``S_i = sum_k m_ik logp_ik``. Only the current policy is scored: no importance ratio, no clipping, no KL.
+
+Loss: with ``A = r - mean`` per group, ``w+ = softmax(A)`` and ``w- = softmax(-A)`` over each group's completions,
+
+    L = sum_groups [ -sum_i w+_i S_i + sum_i w-_i S_i ]  /  #groups
+
+so likely-good completions are pushed up and likely-bad ones down, and a group whose advantages are all equal
+contributes exactly zero (w+ = w-). The reference takes the softmax over the per-device batch, which its configs
+make equal to one group (per-device batch = G = 6), and averages the per-group losses over gradient-accumulation
+steps and devices; here the group is explicit (``batch["group"]``) and the mean is over all groups of the step, so
+micro-batching cannot split a softmax. Defaults follow ``wd1/train.yaml`` and ``run/wll_NP_*.sh`` (mu 12,
+p_mask_prompt 0.15). Masked-diffusion models only (d1's all-masked estimator assumes bidirectional attention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .d1 import D1, D1Config
+
+
+@dataclass
+class WD1Config(D1Config):
+    name: str = "wd1"
+    inner_iterations: int = 12
+    beta: float = 0.0
+    ref_sync_every: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.beta != 0.0:
+            raise ValueError(f"wd1 has no KL term (the reference trainer applies none); set beta to 0, got {self.beta}")
+
+
+def group_softmax(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``softmax(values)`` taken separately over the members of each group (``values [B]``, fp64 inside)."""
+    out = torch.zeros(values.shape, dtype=torch.float64, device=values.device)
+    v = values.double()
+    for g in torch.unique(groups):
+        sel = groups == g
+        out[sel] = torch.softmax(v[sel], dim=0)
+    return out.float()
+
+
+@register_algorithm
+class WD1(D1):
+    name = "wd1"
+    config_class = WD1Config
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+
+    @property
+    def needs_old_logp(self) -> bool:
+        return False  # no ratio: mu inner iterations only refresh the prompt masks
+
+    @property
+    def needs_reference(self) -> bool:
+        return False
+
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        if ctx.adapter.attention not in self.supports:
+            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
+                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        return super().corrupt(ctx, batch, iteration)
+
+    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+        adv = super().advantages(ctx, batch)
+        groups = batch["group"].to(adv.device)
+        # The weights need the whole group, so they are fixed here (full batch) and sliced with the micro-batches.
+        batch["wd1_w_pos"] = group_softmax(adv, groups)
+        batch["wd1_w_neg"] = group_softmax(-adv, groups)
+        return adv
+
+    def normalizers(self, batch: Batch) -> dict[str, float]:
+        out = super().normalizers(batch)
+        active = batch["active"].bool() if "active" in batch else torch.ones(batch.size, dtype=torch.bool)
+        out["groups"] = float(torch.unique(batch["group"][active.to(batch["group"].device)]).numel())
+        return out
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+        if "wd1_w_pos" not in batch:
+            raise KeyError("wd1 needs batch['wd1_w_pos'] / ['wd1_w_neg']: call algo.advantages(ctx, batch) first")
+        mask = self.loss_mask(batch)
+        seq_logp = (current.value * mask).sum(-1)  # S_i
+        coef = (batch["wd1_w_neg"] - batch["wd1_w_pos"]).to(seq_logp.device) * batch["active"].float().to(seq_logp.device)
+        loss = (coef * seq_logp).sum() / max(ctx.norms["groups"], 1.0)
+        tok = max(ctx.norms["tokens"], 1.0)
+        metrics = {"logp_token_mean": float(seq_logp.detach().sum()) / tok}
+        if current.entropy is not None:
+            metrics["entropy"] = float((current.entropy * mask).sum()) / tok
+        return loss, metrics
