@@ -206,6 +206,12 @@ def test_hugging_face_ids_go_through_datasets(monkeypatch):
     assert calls == [("openai/gsm8k", "main", "train")] and ex[0]["ground_truth"] == "5"
     ex = load_examples(DataConfig(hf="someone/gsm-like", hf_config="main", split="test"))
     assert calls[-1] == ("someone/gsm-like", "main", "test") and ex[0]["id"] == "someone/gsm-like/test/0"
+    calls.clear()
+    olymp = {"id": 1606, "question": "Find x.", "solution": ["So $x=2$."], "final_answer": ["$2$"], "unit": None}
+    monkeypatch.setattr(sys.modules["datasets"], "load_dataset", lambda *a, **k: calls.append(a) or [olymp])
+    ex = load_examples(DataConfig(name="olympiadbench", split="test"))[0]
+    assert calls == [("Hothan/OlympiadBench", "OE_TO_maths_en_COMP")] and ex["ground_truth"] == "$2$"
+    assert ex["question"] == "Find x." and ex["task"] == "math"
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ImportError, match="pip install datasets"):
         load_examples(DataConfig(hf="someone/x"))

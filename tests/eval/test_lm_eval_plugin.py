@@ -67,6 +67,22 @@ def test_simple_evaluate_offline_on_local_tasks(tmp_path, monkeypatch, tiny_llad
     assert 0.0 <= out["results"]["dare_tiny_gen"]["exact_match,none"] <= 1.0
 
 
+@pytest.mark.slow
+def test_dare_eval_command_runs_lm_eval_tasks(tmp_path, monkeypatch, one_thread):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    _tasks(tmp_path)
+    from dare.cli import main
+
+    out = tmp_path / "run"
+    assert main(["eval", "--model", "tiny:sdar", "--benchmarks", "", "--lm-eval-tasks", "dare_tiny_mc",
+                 "--lm-eval-include-path", str(tmp_path), "--mc-num", "4", "--gen-length", "8", "--block-length", "4",
+                 "--output-dir", str(out), "--no-progress"]) == 0
+    res = json.loads((out / "results.json").read_text())[0]["benchmarks"]["dare_tiny_mc"]
+    assert res["metric"] == "acc" and 0.0 <= res["score"] <= 100.0 and "acc" in res["lm_eval"]
+    assert "dare_tiny_mc" in (out / "results.md").read_text()
+
+
 def test_plugin_argument_errors(tiny_llada, tiny_tok):
     DareLM = register_lm_eval()
     with pytest.raises(ValueError, match=r"unknown argument\(s\) \['gen_len'\]"):

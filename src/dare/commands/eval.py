@@ -90,7 +90,7 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    lm = DareLM(model=model, tokenizer=tokenizer, sampler=cfg.sampler, mc_num=cfg.lm_eval.mc_num,
+    lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler_for_model(cfg.sampler, model, cfg.model_block_length), mc_num=cfg.lm_eval.mc_num,
                 mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
                 batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length)
     tm = TaskManager(include_path=cfg.lm_eval.include_path) if cfg.lm_eval.include_path else TaskManager()
@@ -105,6 +105,22 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
         summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
                            "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
     return summaries
+
+
+def sampler_for_model(sampler, model, enabled: bool):
+    """Block-diffusion models decode with the block size they were trained with (SDAR 4, LLaDA2 32)."""
+    import dataclasses
+
+    bs = model.adapter.block_size if model.adapter.is_block_causal else None
+    if not enabled or not bs or bs == sampler.block_length:
+        return sampler
+    if sampler.gen_length % bs:
+        log.warning("gen_length=%d is not a multiple of the model's block size %d; keeping block_length=%d",
+                    sampler.gen_length, bs, sampler.block_length)
+        return sampler
+    spb = sampler.steps_per_block
+    log.info("%s: block_length %d -> the model's block size %d", model.family, sampler.block_length, bs)
+    return dataclasses.replace(sampler, block_length=bs, steps_per_block=min(spb, bs) if spb else None)
 
 
 def run(args) -> int:
@@ -124,8 +140,9 @@ def run(args) -> int:
             model, tok = load_for_eval(spec, dtype=cfg.dtype, device=cfg.device, mask_token_id=cfg.mask_token_id,
                                        tokenizer=cfg.tokenizer, tiny_seed=cfg.tiny_seed)
             res = {"model": name, "benchmarks": {}}
+            sampler = sampler_for_model(cfg.sampler, model, cfg.model_block_length)
             if cfg.benchmarks:
-                res = evaluate(model, tok, cfg.benchmarks, cfg.sampler, output_dir=out / name, model_name=name,
+                res = evaluate(model, tok, cfg.benchmarks, sampler, output_dir=out / name, model_name=name,
                                options=cfg.options())
             if cfg.lm_eval.tasks:
                 res["benchmarks"].update(run_lm_eval(cfg, model, tok, name))

@@ -208,8 +208,8 @@ def parse_qa(rec: Record, ctx: Context) -> dict:
     question = _str(rec, _field(rec, "problem", "question", "Problem", "Question"), "problem")
     answer = _field(rec, "answer", "Answer", "final_answer", required=False)
     solution = rec.data.get("solution")
-    if isinstance(answer, (list, tuple)) and len(answer) == 1:
-        answer = answer[0]
+    if isinstance(answer, (list, tuple)):  # OlympiadBench: final_answer is a list (several for multi-answer items)
+        answer = ", ".join(str(a) for a in answer) if answer else None
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(int(answer)) if float(answer).is_integer() else str(answer)
     if answer is None and isinstance(solution, str):

@@ -79,6 +79,9 @@ register_dataset(DatasetSpec(
     "aime24", "math", {"test": _T + "aime2024_1.parquet"}, {"test": HFSource("HuggingFaceH4/aime_2024", None, "train", "qa")},
     "AIME 2024 (30 problems)"))
 register_dataset(DatasetSpec("aime25", "math", {"test": _T + "aime2025_1.parquet"}, {}, "AIME 2025 (30 problems)"))
+register_dataset(DatasetSpec(
+    "olympiadbench", "math", {}, {"test": HFSource("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "qa")},
+    "OlympiadBench, open-ended text-only English competition math (674; Hub only: question + final_answer)"))
 
 
 def get_dataset(name: str) -> DatasetSpec:

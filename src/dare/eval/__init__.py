@@ -20,6 +20,8 @@ def register_lm_eval():
     try:
         from .lm_eval_plugin import DareLM
     except ImportError as e:
+        if not (e.name or "").startswith("lm_eval"):
+            raise
         raise ImportError('the lm-eval plugin needs lm-evaluation-harness: pip install "dare[eval]" '
                           '(or pip install "lm-eval>=0.4.8")') from e
     return DareLM

@@ -32,6 +32,9 @@ class EvalConfig(RunOptions):
     mask_token_id: Optional[int] = None
     tokenizer: Optional[str] = None  # tokenizer folder (default: each model's folder)
     tiny_seed: int = 0  # weights of tiny:<family> models
+    # Block-diffusion models (SDAR, LLaDA2) decode with their trained block size instead of sampler.block_length
+    # (when it divides gen_length), so one recipe serves a table of mixed families.
+    model_block_length: bool = True
     lm_eval: LMEvalSection = field(default_factory=LMEvalSection)
 
     def options(self) -> RunOptions:
