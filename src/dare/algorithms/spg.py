@@ -1,0 +1,199 @@
+"""SPG -- Sandwiched Policy Gradient (Wang et al. 2025; algorithms.md section 7; reference facebookresearch/SPG).
+
+Masking (``forward_type``; ``num_t`` draws per sample and inner iteration, each one forward). With ``block_random``
+(the default): pick a block ``b*`` among the ``block_length`` blocks that hold completion tokens (up to the first
+EOS); keep earlier blocks clean, mask a uniform count ``m ~ U{max(1, floor(n min_t)) .. min(floor(n max_t), n)}`` of
+the n valid tokens of ``b*``, mask every later block; post-EOS positions are always masked; the prompt and the earlier
+blocks are masked i.i.d. with ``p_mask_prompt`` (a regulariser, as in d1). ``block_all`` masks ``b*`` entirely,
+``random`` masks a uniform count of the whole completion, ``all`` is d1's all-masked view.
+
+Bounds, over the scored tokens of draw j (masked completion tokens up to the first EOS):
+
+* ELBO (positive advantages): ``mean_j [ mean_{k masked in z_j} logp_k(z_j) ]``;
+* EUBO (upper bound, for A <= 0): ``q_k = mean_j [ p_k(z_j)^beta_e 1[k masked in z_j] / t_j ]`` with the empirical
+  mask ratio ``t_j = #masked / #completion``, ``U = (1/beta_e) mean_{k: q_k > 0} log q_k`` (computed in log space);
+* ``logp_estimation``: ``eubo``, ``mix`` (``w U + (1 - w) ELBO``, default), ``elbo`` or ``zero`` for negatives.
+
+Loss: no ratio, clipping or KL (``beta != 0`` is an error); length-weighted sequence policy gradient
+``L = -sum_i A_i len_i Lhat_i / sum_i len_i`` with ``Lhat_i`` the ELBO if ``A_i > 0`` else the negative-branch bound,
+``A = r - mean``. Inner iterations reuse the rollouts with fresh masks and no importance correction. Defaults follow
+``spg/slurm_scripts/spg_mix/*`` + ``train.yaml`` (mu 4, num_t 2, block 32, p 0.15, mix 0.5, beta_e 1.5).
+Masked-diffusion models only (the block choice is a semi-autoregressive schedule over a bidirectional model).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from ..diffusion.corruption import apply_mask
+from ..diffusion.logprob import score_targets
+from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
+
+ForwardType = Literal["all", "random", "block_all", "block_random"]
+
+
+@dataclass
+class SPGConfig(GRPOConfig):
+    name: str = "spg"
+    inner_iterations: int = 4
+    forward_type: ForwardType = "block_random"
+    num_t: int = 2  # masked draws (forwards) per sample and inner iteration
+    min_t: float = 0.0
+    max_t: float = 1.0
+    block_length: int = 32  # the rollout's semi-autoregressive block length
+    p_mask_prompt: float = 0.15  # 0 disables prompt / earlier-block masking (use_mask_prompt: false)
+    logp_estimation: Literal["elbo", "eubo", "mix", "zero"] = "mix"
+    mix_weight: float = 0.5
+    eubo_beta: float = 1.5
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.beta != 0.0:
+            raise ValueError(f"spg has no KL term (the reference raises NotImplementedError); set beta to 0, got {self.beta}")
+        if self.num_t < 1:
+            raise ValueError(f"num_t must be >= 1, got {self.num_t}")
+        if not 0.0 <= self.min_t <= self.max_t <= 1.0:
+            raise ValueError(f"need 0 <= min_t <= max_t <= 1, got min_t={self.min_t}, max_t={self.max_t}")
+        if self.block_length < 1:
+            raise ValueError(f"block_length must be >= 1, got {self.block_length}")
+        if not 0.0 <= self.p_mask_prompt <= 1.0:
+            raise ValueError(f"p_mask_prompt must be in [0, 1], got {self.p_mask_prompt}")
+        if self.eubo_beta <= 0:
+            raise ValueError(f"eubo_beta must be > 0, got {self.eubo_beta}")
+        if not 0.0 <= self.mix_weight <= 1.0:
+            raise ValueError(f"mix_weight must be in [0, 1], got {self.mix_weight}")
+
+
+def _uniform_count(n: int, lo_frac: float, hi_frac: float, gen: torch.Generator) -> int:
+    """SPG's mask count for n tokens: uniform in {max(1, floor(n lo)) .. min(floor(n hi), n)}."""
+    lo = max(int(n * lo_frac), 1)
+    hi = max(min(int(n * hi_frac), n), lo)  # max_t * n < 1 would give an empty range; mask one token then
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def _choose(positions: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    return positions[torch.randperm(positions.numel(), generator=gen)[:count]]
+
+
+def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
+    """Per draw j: (prompt mask ``[B, P]``, completion mask ``[B, Lc]``, chosen block ``[B]`` or -1)."""
+    prompt_real = batch["prompt_mask"].bool().cpu()
+    valid = batch["completion_mask"].bool().cpu()
+    B, Lc = valid.shape
+    bl = cfg.block_length
+    out = [(torch.zeros_like(prompt_real), torch.zeros(B, Lc, dtype=torch.bool), torch.full((B,), -1, dtype=torch.long))
+           for _ in range(cfg.num_t)]
+    idx = torch.arange(Lc)
+    for i, uid in enumerate(batch["uid"].tolist()):
+        L = int(valid[i].sum())
+        n_blocks = max(1, math.ceil(L / bl))
+        # Distinct blocks for the draws while num_t <= n_blocks (the reference permutes the blocks too).
+        block_order = torch.randperm(n_blocks, generator=ctx.generator(iteration, uid, "spg_blocks"))
+        for j in range(cfg.num_t):
+            g = ctx.generator(iteration, uid, j)
+            comp = ~valid[i].clone()  # post-EOS positions are always masked
+            regular = torch.zeros(Lc, dtype=torch.bool)  # clean context eligible for p-masking (besides the prompt)
+            if cfg.forward_type == "all":
+                comp[:] = True
+            elif cfg.forward_type == "random":
+                comp[_choose(idx[valid[i]], _uniform_count(L, cfg.min_t, cfg.max_t, g), g)] = True
+            else:
+                b = int(block_order[j % n_blocks])
+                start, end = b * bl, min((b + 1) * bl, L)
+                comp[end:] = True  # later blocks (and the invalid tail of b*)
+                regular[:start] = True
+                if cfg.forward_type == "block_all":
+                    comp[start:end] = True
+                else:
+                    comp[_choose(idx[start:end], _uniform_count(end - start, cfg.min_t, cfg.max_t, g), g)] = True
+                out[j][2][i] = b
+            if cfg.p_mask_prompt > 0:
+                n_p = int(prompt_real[i].sum())
+                out[j][0][i, prompt_real[i]] = torch.rand(n_p, generator=g) < cfg.p_mask_prompt
+                comp |= regular & (torch.rand(Lc, generator=g) < cfg.p_mask_prompt)
+            out[j][1][i] = comp
+    dev = batch["completion_ids"].device
+    return [(p.to(dev), c.to(dev), b.to(dev)) for p, c, b in out]
+
+
+def spg_bounds(logp: torch.Tensor, scored: torch.Tensor, valid: torch.Tensor, eubo_beta: float):
+    """(ELBO ``[B]``, EUBO ``[B]``) from per-draw token log-probs ``logp [J, B, Lc]`` and scored masks ``[J, B, Lc]``."""
+    n_scored = scored.sum(-1)  # [J, B]
+    elbo = ((logp * scored).sum(-1) / n_scored.clamp_min(1)).mean(0)
+    t_hat = n_scored.float() / valid.sum(-1).clamp_min(1).float()  # empirical mask ratio per draw
+    # log q_k = log mean_j [ p_jk^beta / t_j ] over the draws that mask k (exact log-space form of the reference).
+    terms = eubo_beta * logp - torch.log(t_hat.clamp_min(1e-8))[..., None]
+    hit = scored.any(0)  # q_k > 0
+    terms = torch.where(scored, terms, torch.full_like(terms, float("-inf")))
+    terms = torch.where(hit[None], terms, torch.zeros_like(terms))  # keep logsumexp finite where no draw masks k
+    log_q = torch.logsumexp(terms, dim=0) - math.log(logp.shape[0])
+    eubo = (log_q * hit).sum(-1) / hit.sum(-1).clamp_min(1) / eubo_beta
+    return elbo, eubo
+
+
+@register_algorithm
+class SPG(GRPOAlgorithm):
+    name = "spg"
+    config_class = SPGConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+
+    @property
+    def needs_old_logp(self) -> bool:
+        return False  # no ratio: inner iterations reuse rollouts without importance correction
+
+    @property
+    def needs_reference(self) -> bool:
+        return False
+
+    @property
+    def mc_samples(self) -> int:
+        return self.config.num_t
+
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        if ctx.adapter.attention not in self.supports:
+            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
+                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        mask_id = ctx.adapter.mask_token_id
+        prompt, comp, valid = batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"].bool()
+        views = []
+        for pm, cm, block in spg_masks(ctx, self.config, batch, iteration):
+            scored = cm & valid
+            t_hat = scored.sum(-1).float() / valid.sum(-1).clamp_min(1).float()
+            views.append(rl_view(ctx, batch, apply_mask(comp, cm, mask_id), scored,
+                                 prompt_input=apply_mask(prompt, pm, mask_id),
+                                 info={"block": block, "t_hat": t_hat, "prompt_masked": pm}))
+        return views
+
+    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        """Value ``[B, 2]``: column 0 the ELBO (positive branch), column 1 the negative-branch bound."""
+        cfg = self.config
+        logps, scored = [], []
+        for v in views:
+            lp, _ = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
+                                  position_ids=v.position_ids, layout=v.layout, chunk_size=ctx.chunk_size)
+            logps.append(lp.gather(1, v.score_index))
+            scored.append(v.targets.gather(1, v.score_index))
+        logp, scored = torch.stack(logps), torch.stack(scored)
+        valid = batch["completion_mask"].bool().to(logp.device)
+        elbo, eubo = spg_bounds(logp, scored, valid, cfg.eubo_beta)
+        neg = {"eubo": eubo, "mix": cfg.mix_weight * eubo + (1.0 - cfg.mix_weight) * elbo, "elbo": elbo,
+               "zero": torch.zeros_like(elbo)}[cfg.logp_estimation]
+        return LogLik(torch.stack([elbo, neg], dim=1))
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+        value = current.value
+        adv = batch["advantages"].to(value.device).float()
+        positive = adv > 0  # the reference's reward_mask
+        bound = torch.where(positive, value[:, 0], value[:, 1])
+        length = self.loss_mask(batch).sum(-1).to(value.device)  # completion length, 0 for filtered groups
+        loss = -(adv * length * bound).sum() / max(ctx.norms["tokens"], 1.0)
+        seqs = max(ctx.norms["seqs"], 1.0)
+        active = batch["active"].float().to(value.device)
+        metrics = {"elbo": float((value[:, 0].detach() * active).sum()) / seqs,
+                   "neg_bound": float((value[:, 1].detach() * active).sum()) / seqs,
+                   "positive_frac": float((positive.float() * active).sum()) / seqs}
+        return loss, metrics
