@@ -20,27 +20,31 @@ import re
 from typing import Optional
 
 from .registry import ground_truth_dict, register_reward
-from .sandbox import SandboxLimits, SandboxResult, run_python, with_timeout
+from .sandbox import ISOLATIONS, SandboxLimits, SandboxResult, run_python, with_timeout
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PY_LANGS = {"", "python", "py", "python3", "py3"}
 
-# Default limits for code rewards; change with ``set_code_limits``.
+# Limits and isolation for code rewards; change with ``set_code_limits`` (None = probed best mode).
 _limits = SandboxLimits()
+_isolation: Optional[str] = None
 # Per-item deadline set by ``score_batch`` so a code item never outlives the batch timeout.
 item_timeout: contextvars.ContextVar[Optional[float]] = contextvars.ContextVar("dare_reward_item_timeout", default=None)
 
 
-def set_code_limits(limits: SandboxLimits) -> None:
-    """Sandbox limits used by the ``code`` reward (timeout, memory, processes, output cap)."""
-    global _limits
+def set_code_limits(limits: SandboxLimits, isolation: Optional[str] = None) -> None:
+    """Sandbox limits used by the ``code`` reward (timeout, memory, processes, output cap), and
+    optionally a forced isolation mode (``"bwrap"``, ``"unshare"``, ``"none"``; None = best available)."""
+    global _limits, _isolation
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"expected SandboxLimits, got {type(limits).__name__}")
-    _limits = limits
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise ValueError(f"unknown sandbox isolation {isolation!r}; expected one of {ISOLATIONS}")
+    _limits, _isolation = limits, isolation
 
 
-def code_limits() -> SandboxLimits:
-    return _limits
+def code_limits() -> tuple[SandboxLimits, Optional[str]]:
+    return _limits, _isolation
 
 
 def _defines(code: str, name: str) -> bool:
@@ -109,9 +113,14 @@ def build_program(completion: str, gt: dict) -> str:
 def run_code(completion: str, example: dict) -> SandboxResult:
     """Run the completion against the example's tests; the full result (status, output, reason)."""
     gt = ground_truth_dict(example, ("tests",))
-    limits = with_timeout(_limits, gt.get("timeout"))
-    limits = with_timeout(limits, item_timeout.get())
-    return run_python(build_program(completion, gt), limits)
+    example_timeout = gt.get("timeout")
+    if example_timeout is not None:
+        try:
+            example_timeout = float(example_timeout)
+        except (TypeError, ValueError):
+            raise ValueError(f"code ground_truth['timeout'] must be a number of seconds, got {example_timeout!r}") from None
+    limits = with_timeout(with_timeout(_limits, example_timeout), item_timeout.get())
+    return run_python(build_program(completion, gt), limits, _isolation)
 
 
 @register_reward("code", isolated=True)

@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 
 # Tasks whose completions may end with a bare number (GSM8K word problems); others need an
 # explicit answer (\boxed, <answer>, ####) so a stray number in the reasoning is never graded.
+# dare.data labels GSM8K rows task="math", source="gsm8k", so the source counts too.
 LAST_NUMBER_TASKS = {"gsm8k"}
+
+
+def allows_last_number(example: dict) -> bool:
+    return task_of(example) in LAST_NUMBER_TASKS or example.get("source") in LAST_NUMBER_TASKS
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,7 +106,7 @@ def gold_answer(example: dict) -> str:
 def math_reward(completion: str, example: dict) -> float:
     """1.0 if the completion's final answer equals ``ground_truth``, else 0.0."""
     gold = gold_answer(example)
-    prediction = extract_answer(completion, allow_last_number=task_of(example) in LAST_NUMBER_TASKS)
+    prediction = extract_answer(completion, allow_last_number=allows_last_number(example))
     return 1.0 if answers_equivalent(prediction, gold) else 0.0
 
 

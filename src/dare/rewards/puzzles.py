@@ -13,7 +13,8 @@ result would exceed ~4096 bits raise instead of hanging the scorer (``50**99**98
 answer scores 0.1, the "wrong value" score it would get if eval ever finished.
 
 Sudoku: digits of the last ``<answer>`` block, padded with "0" / truncated to 16; the reward is the
-fraction of the puzzle's empty cells ("0") that now hold the solution's digit.
+fraction of the puzzle's empty cells ("0") that now hold the solution's digit. (9x9 puzzles, 81
+characters, are scored by the same rule with 81 cells; d1 only has 4x4.)
 """
 from __future__ import annotations
 
@@ -94,8 +95,19 @@ class _Parser:
     """expr := term (('+'|'-') term)* ; term := factor (('*'|'/'|'//') factor)* ;
     factor := ('+'|'-') factor | power ; power := atom ['**' factor] ; atom := NUMBER | '(' expr ')'."""
 
-    def __init__(self, tokens: list[str]):
-        self.tokens, self.pos, self.nesting = tokens, 0, 0
+    def __init__(self, tokens: list[str], compute: bool):
+        # With compute=False the parse only checks syntax (every value is 0): Python reports a
+        # syntax error before evaluating anything, so we parse once dry, then again for real.
+        self.tokens, self.pos, self.nesting, self.compute = tokens, 0, 0, compute
+
+    def apply(self, op: str, *args: Number) -> Number:
+        if not self.compute:
+            return 0
+        if op == "**":
+            return _power(*args)
+        if len(args) == 1:
+            return operator.neg(args[0]) if op == "-" else operator.pos(args[0])
+        return _BINARY[op](*args)
 
     def peek(self) -> Optional[str]:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -110,13 +122,15 @@ class _Parser:
     def expr(self) -> Number:
         value = self.term()
         while self.peek() in ("+", "-"):
-            value = _BINARY[self.take()](value, self.term())
+            op = self.take()
+            value = self.apply(op, value, self.term())
         return value
 
     def term(self) -> Number:
         value = self.factor()
         while self.peek() in ("*", "/", "//"):
-            value = _BINARY[self.take()](value, self.factor())
+            op = self.take()
+            value = self.apply(op, value, self.factor())
         return value
 
     def factor(self) -> Number:
@@ -127,14 +141,14 @@ class _Parser:
                 raise ExpressionSyntaxError("expression nested too deeply")
             value = self.factor()
             self.nesting -= 1
-            return operator.neg(value) if sign == "-" else operator.pos(value)
+            return self.apply(sign, value)
         return self.power()
 
     def power(self) -> Number:
         base = self.atom()
         if self.peek() == "**":
             self.take()
-            return _power(base, self.factor())
+            return self.apply("**", base, self.factor())
         return base
 
     def atom(self) -> Number:
@@ -159,10 +173,11 @@ def evaluate_arithmetic(expr: str) -> Number:
     tokens = _tokenize(expr.strip(" \t\f"))
     if not tokens:
         raise ExpressionSyntaxError("empty expression")
-    parser = _Parser(tokens)
-    value = parser.expr()
-    if parser.peek() is not None:
-        raise ExpressionSyntaxError(f"unexpected {parser.peek()!r}")
+    for compute in (False, True):
+        parser = _Parser(tokens, compute)
+        value = parser.expr()
+        if parser.peek() is not None:
+            raise ExpressionSyntaxError(f"unexpected {parser.peek()!r}")
     return value
 
 
@@ -211,8 +226,9 @@ def sudoku_score(completion: str, puzzle: str, solution: str) -> float:
     digits = "".join(ch for ch in block if ch.isdigit())
     if not digits:
         return 0.0
-    digits = (digits + "0" * 16)[:16]
-    empty = [i for i in range(16) if puzzle[i] == "0"]
+    size = len(puzzle)
+    digits = (digits + "0" * size)[:size]
+    empty = [i for i in range(size) if puzzle[i] == "0"]
     if not empty:
         return 0.0
     return sum(digits[i] == solution[i] for i in empty) / len(empty)
@@ -228,6 +244,7 @@ def _grid(value) -> str:
 def sudoku_reward(completion: str, example: dict) -> float:
     gt = ground_truth_dict(example, ("puzzle", "solution"))
     puzzle, solution = _grid(gt["puzzle"]), _grid(gt["solution"])
-    if len(puzzle) != 16 or len(solution) != 16:
-        raise ValueError(f"sudoku ground_truth needs 16-character 'puzzle' and 'solution', got {puzzle!r} / {solution!r}")
+    if len(puzzle) not in (16, 81) or len(solution) != len(puzzle):
+        raise ValueError(f"sudoku ground_truth needs 'puzzle' and 'solution' of 16 (4x4) or 81 (9x9) characters, "
+                         f"got {puzzle!r} / {solution!r}")
     return sudoku_score(completion, puzzle, solution)

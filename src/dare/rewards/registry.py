@@ -30,6 +30,7 @@ TASK_REWARDS: dict[str, str] = {
     "sudoku": "sudoku",
     "humaneval": "code",
     "mbpp": "code",
+    "code": "code",
 }
 
 # A pseudo reward name: resolve each example's reward from its ``task`` (mixed-task batches).

@@ -427,6 +427,15 @@ def detect_isolation() -> tuple[str, bool]:
         return _probed["mode"], _probed["drop"]  # type: ignore[return-value]
 
 
+def available_isolations() -> list[str]:
+    """Every isolation mode that works on this machine, strongest first (each probed once)."""
+    _, drop = detect_isolation()
+    with _probe_lock:
+        if "available" not in _probed:
+            _probed["available"] = [m for m in ISOLATIONS if m == "none" or _probe(m, drop)]
+        return list(_probed["available"])  # type: ignore[arg-type]
+
+
 def run_python(source: str, limits: SandboxLimits = SandboxLimits(), isolation: Optional[str] = None) -> SandboxResult:
     """Run ``source`` as a program in the sandbox. ``isolation=None`` uses the probed best mode;
     naming a mode forces it (tests use ``"none"`` to exercise the fallback)."""

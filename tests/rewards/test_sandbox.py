@@ -1,0 +1,365 @@
+"""The code sandbox: correct programs pass, and a battery of hostile programs is contained.
+
+Every hostile program is written so that it would *pass* its tests (reward 1) if it escaped, so
+reward 0 is evidence of containment; the side effects (files, connections, leftover processes, the
+test process itself) are checked directly as well. The battery runs once per isolation mode that
+works here, including the forced fallback ``none`` (rlimits + clean env + process-group kill).
+"""
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import dare
+from dare.rewards import (
+    SandboxLimits, available_isolations, build_program, detect_isolation, extract_code, get_reward, run_python,
+    set_code_limits,
+)
+from dare.rewards.code_reward import code_limits
+from dare.rewards.sandbox import _UID_BASE, _UID_SLOTS
+
+HUMANEVAL = Path(dare.__file__).parent / "assets" / "data" / "human-eval" / "HumanEval.jsonl.gz"
+IS_ROOT = os.geteuid() == 0
+MODES = available_isolations()
+code = get_reward("code")
+# Short limits keep each hostile case within a few seconds.
+HOSTILE_LIMITS = SandboxLimits(timeout=2.0, memory_bytes=256 << 20, max_processes=12, max_output=64 << 10)
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    previous = code_limits()
+    set_code_limits(HOSTILE_LIMITS, request.param)
+    yield request.param
+    set_code_limits(*previous)
+
+
+def needs_containment(mode, what):
+    """The fallback without root cannot stop a program acting as our own user (documented)."""
+    if mode == "none" and not IS_ROOT:
+        pytest.skip(f"fallback sandbox as an ordinary user does not contain {what} (install bubblewrap)")
+
+
+def leftovers(*markers: str) -> list[str]:
+    """Live processes whose command line holds a marker, or that run as a sandbox uid."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            uid = os.stat(f"/proc/{entry}").st_uid
+        except (OSError, IndexError):
+            continue
+        if state == b"Z":
+            continue
+        if any(m in cmdline for m in markers) or (IS_ROOT and _UID_BASE <= uid < _UID_BASE + _UID_SLOTS):
+            found.append(f"{entry} uid={uid} {cmdline[:120]}")
+    return found
+
+
+def assert_nothing_left(*markers: str) -> None:
+    deadline = time.monotonic() + 3.0
+    while (left := leftovers("dare-sandbox-", *markers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes outlived the sandbox: {left}"
+
+
+def example(tests: str, prefix: str = "", entry_point=None) -> dict:
+    return {"task": "mbpp", "ground_truth": {"tests": tests, "entry_point": entry_point, "prefix": prefix}}
+
+
+ESCAPED = example("assert escaped() is True")
+
+
+def assert_sandbox_still_works():
+    assert code("def f():\n    return 2\n", example("assert f() == 2")) == 1.0
+
+
+# ------------------------------------------------------------------------------------ correct programs
+def humaneval_problems(n: int) -> list[dict]:
+    with gzip.open(HUMANEVAL, "rt") as f:
+        return [json.loads(line) for line, _ in zip(f, range(n))]
+
+
+def humaneval_example(problem: dict) -> dict:
+    return {"task": "humaneval", "ground_truth": {"tests": problem["test"], "entry_point": problem["entry_point"],
+                                                  "prefix": problem["prompt"]}}
+
+
+def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail(mode):
+    set_code_limits(SandboxLimits(timeout=10.0), mode)
+    for problem in humaneval_problems(3):
+        ex = humaneval_example(problem)
+        assert code(problem["canonical_solution"], ex) == 1.0                          # raw body continuation
+        fenced = f"Here you go:\n```python\n{problem['prompt']}{problem['canonical_solution']}```\nDone."
+        assert code(fenced, ex) == 1.0                                                 # full function in a block
+        assert code("    return None\n", ex) == 0.0
+
+
+def test_mbpp_style_assert_list(mode):
+    tests = json.dumps(["assert remove_Occ(\"hello\",\"l\") == \"heo\"", "assert remove_Occ(\"abcda\",\"a\") == \"bcd\"",
+                        "assert remove_Occ(\"PHP\",\"P\") == \"H\""])
+    good = "```python\ndef remove_Occ(s, ch):\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]\n```"
+    wrong = "```python\ndef remove_Occ(s, ch):\n    return s.replace(ch, '', 1)\n```"
+    assert code(good, example(tests)) == 1.0
+    assert code(wrong, example(tests)) == 0.0
+
+
+def test_exit_before_tests_is_not_a_pass(mode):
+    for trick in ("import os\nos._exit(0)\n", "import sys\nsys.exit(0)\n", "raise SystemExit(0)\n",
+                  "import os\nos.close(1)\nos.close(2)\n"):
+        assert code(trick + "def f():\n    return 0\n", example("assert f() == 1")) == 0.0, trick
+
+
+# ------------------------------------------------------------------------------------ hostile programs
+def test_infinite_loop_is_killed_at_the_timeout(mode):
+    start = time.monotonic()
+    result = run_python("while True:\n    pass\n", HOSTILE_LIMITS, mode)
+    assert result.status == "timeout" and not result.passed
+    assert time.monotonic() - start < HOSTILE_LIMITS.timeout + 2
+    assert_nothing_left()
+
+
+def test_fork_bomb(mode):
+    marker = f"forkbomb-{uuid.uuid4().hex}"
+    bomb = f"""
+import os, time
+MARK = {marker!r}
+started = 0
+deadline = time.time() + 1.5
+while time.time() < deadline:
+    try:
+        if os.fork() == 0:
+            started = 0
+        else:
+            started += 1
+    except OSError:
+        time.sleep(0.01)
+def escaped():
+    return started > 1000
+"""
+    assert code(bomb, ESCAPED) == 0.0
+    assert_nothing_left(marker)
+    assert_sandbox_still_works()
+
+
+def test_memory_bomb(mode):
+    bomb = """
+import mmap
+try:
+    reserved = mmap.mmap(-1, 4 << 30)   # address space beyond the limit
+    big = True
+except (OSError, MemoryError, OverflowError):
+    big = False
+blocks = []
+try:
+    while len(blocks) < 64:
+        blocks.append(bytearray(64 << 20))  # really touch memory, 4 GiB in total
+    filled = True
+except MemoryError:
+    filled = False
+def escaped():
+    return big or filled
+"""
+    assert code(bomb, ESCAPED) == 0.0
+    result = run_python("blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))\n", HOSTILE_LIMITS, mode)
+    assert not result.passed and "MemoryError" in result.output
+    assert_nothing_left()
+
+
+def test_daemonised_children_do_not_outlive_the_program(mode):
+    marker = f"daemon-{uuid.uuid4().hex}"
+    program = f"""
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)", {marker!r}],
+                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if os.fork() == 0:          # classic double fork: a session leader's orphan spinning forever
+    os.setsid()
+    if os.fork() == 0:
+        while True:
+            pass
+    os._exit(0)
+time.sleep(0.2)
+def f():
+    return 1
+"""
+    # The program itself is correct, so it passes: what matters is that nothing it started survives.
+    assert code(program, example("assert f() == 1")) == 1.0
+    assert_nothing_left(marker)
+
+
+def test_no_network(mode):
+    if mode == "none":
+        pytest.skip("the fallback has no network namespace (documented); bwrap/unshare cut the network")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    program = f"""
+import socket
+reached = []
+for host, port in (("127.0.0.1", {port}), ("1.1.1.1", 80), ("pypi.org", 443)):
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+        reached.append(host)
+    except OSError:
+        pass
+def escaped():
+    return bool(reached)
+"""
+    try:
+        assert code(program, ESCAPED) == 0.0
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody connected to the test's listener
+    finally:
+        server.close()
+
+
+def test_no_writes_outside_the_run_directory(mode, tmp_path):
+    needs_containment(mode, "file writes")
+    tag = uuid.uuid4().hex
+    targets = [tmp_path / f"escape-{tag}", Path("/tmp") / f"dare-escape-{tag}", Path(__file__).parent / f"escape-{tag}"]
+    if os.path.isdir("/dev/shm"):
+        targets.append(Path("/dev/shm") / f"dare-escape-{tag}")
+    program = f"""
+written = []
+for path in {[str(t) for t in targets]!r}:
+    try:
+        with open(path, "w") as f:
+            f.write("owned")
+        written.append(path)
+    except OSError:
+        pass
+def escaped():
+    return False   # even a program that believes it wrote must leave nothing behind
+"""
+    try:
+        assert code(program, ESCAPED) == 0.0
+        for target in targets:
+            assert not target.exists(), f"the sandbox wrote {target}"
+    finally:
+        for target in targets:
+            target.unlink(missing_ok=True)
+
+
+def _environ_has(pid: int, secret: str) -> bool:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return secret.encode() in f.read()
+
+
+def test_environment_secrets_are_invisible(mode, monkeypatch):
+    needs_containment(mode, "reading our environment through /proc")
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("DARE_TEST_SECRET", secret)
+    # /proc/<pid>/environ shows a process's environment as it started, so a bystander started with
+    # the secret (like a trainer started with HF_TOKEN) is what a snooping program could read.
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    program = f"""
+import os
+SECRET = {secret[::-1]!r}[::-1]   # reversed so the secret is not in this program's own text
+found = [k for k, v in os.environ.items() if SECRET in v]
+for pid in os.listdir("/proc"):
+    try:
+        with open("/proc/" + pid + "/environ", "rb") as f:
+            if SECRET.encode() in f.read():
+                found.append(pid)
+    except OSError:
+        pass
+def escaped():
+    return bool(found)
+"""
+    try:
+        deadline = time.monotonic() + 5
+        while not _environ_has(bystander.pid, secret) and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the bystander has exec'd
+        assert _environ_has(bystander.pid, secret)  # the secret really is there to be found
+        assert code(program, ESCAPED) == 0.0
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+    result = run_python("import os\nprint(sorted(os.environ))\n", HOSTILE_LIMITS, mode)
+    assert result.passed and "DARE_TEST_SECRET" not in result.output and secret not in result.output
+
+
+def test_killing_the_parent_and_everything_else(mode):
+    needs_containment(mode, "signals sent as our own user")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    program = """
+import os, signal, time
+parent = os.getppid()
+for target in (parent, -1):
+    try:
+        os.kill(target, signal.SIGKILL)
+    except OSError:
+        pass
+time.sleep(0.3)
+def escaped():
+    return os.getppid() != parent
+"""
+    try:
+        assert code(program, ESCAPED) == 0.0
+        assert bystander.poll() is None, "the sandbox killed a process outside it"
+        assert_sandbox_still_works()
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+    assert_nothing_left()
+
+
+def test_huge_output_is_capped(mode):
+    program = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n"
+    result = run_python(program, HOSTILE_LIMITS, mode)
+    assert result.status == "output_limit" and not result.passed
+    assert len(result.output) <= HOSTILE_LIMITS.max_output
+    assert code(program + "def escaped():\n    return True\n", ESCAPED) == 0.0
+    assert_nothing_left()
+
+
+# ------------------------------------------------------------------------------------------ plumbing
+def test_detected_mode_is_the_strongest_available():
+    mode, _ = detect_isolation()
+    assert MODES[0] == mode and MODES[-1] == "none"
+    if IS_ROOT:
+        # As root every run drops to a dedicated uid (RLIMIT_NPROC does not bind root).
+        result = run_python("import os\nprint(os.getuid())\n", SandboxLimits(timeout=10), "none")
+        assert result.passed and _UID_BASE <= int(result.output.split()[-1]) < _UID_BASE + _UID_SLOTS
+
+
+def test_code_extraction_and_program_assembly():
+    assert extract_code("```python\nx = 1\n```\n```python\ndef f():\n    pass\n```", "f") == "def f():\n    pass\n"
+    assert extract_code("```py\nfirst = 1\n```\n```\nsecond = 2\n```") == "first = 1\n"
+    assert extract_code("text\n```python\ndef f():\n    return 1") == "def f():\n    return 1"  # unclosed fence
+    assert extract_code("<answer>\ndef f():\n    return 1\n</answer>") == "def f():\n    return 1"
+    assert extract_code("    return x + 1\n") == "    return x + 1\n"                       # raw continuation
+    gt = {"tests": "def check(candidate):\n    assert candidate(1) == 2\n", "entry_point": "inc", "prefix": "def inc(x):"}
+    program = build_program("\n    return x + 1", gt)
+    assert program.startswith("def inc(x):\n\n    return x + 1") and program.rstrip().endswith("check(inc)")
+    assert build_program("x", {**gt, "tests": gt["tests"] + "check(inc)\n"}).count("check(inc)") == 1
+    with pytest.raises(ValueError, match="entry_point"):
+        build_program("x", {**gt, "entry_point": "a; import os"})
+
+
+@pytest.mark.slow
+def test_all_humaneval_canonical_solutions_pass():
+    from dare.data import DataConfig, load_examples
+    from dare.rewards import score_batch
+
+    examples = load_examples(DataConfig(name="humaneval", split="test"))
+    assert len(examples) == 164
+    good = score_batch("code", [e["canonical_solution"] for e in examples], examples, workers=2)
+    assert [e["id"] for e, r in zip(examples, good) if r.score != 1.0] == []
+    wrong = score_batch("code", ["    pass\n"] * len(examples), examples, workers=2)
+    assert sum(r.score for r in wrong) == 0.0
