@@ -1,0 +1,267 @@
+"""MDPO: masked diffusion policy optimisation on the sampler's own states (He et al. 2025; algorithms.md section 5).
+
+The rollout records its trajectory (``rollout.sampler.record_trajectory: true``): for every denoising step s the
+input state ``x^(s)`` and the step's prediction ``x0^(s)`` (every masked position filled by the sampler's pick, the
+rest kept) with per-token confidences ``c^(s)`` (the running confidence with RCR).
+
+* Rewards on every intermediate prediction: ``r_s = R(x0^(s))`` (``ctx.services["score_completions"]``, or a
+  precomputed ``step_rewards [B, S]`` batch field).
+* Step advantages ``a_s = (r_s - r_{s-1}) + 1 + mean_{u>s} r_u`` (``r_{-1} = 0``; the last step uses ``r_{T-1}``),
+  z-scored per step across each group: ``(a - mean) / (std + 1e-4)`` with the unbiased std, as the reference.
+* The ``sample_train_steps`` (16) steps with the largest ``sum_batch |A_s|`` are trained, the same for the batch.
+* At a selected step the targets are the positions masked in ``x^(s)``, the labels ``x0^(s)``, scored under
+  ``pi(. | x^(s))`` with logits divided by ``temperature`` (the rollout temperature, 0.1). Per step
+  ``L_s = sum_{b,k} [-min(rho A_s, clip(rho) A_s) lambda_{b,s} + beta KL2] c_k / N_s`` with
+  ``lambda_{b,s} = L / (#masked_{b,s} + 1e-4)`` (the 1/t weight), ``N_s`` the masked tokens of step slot s over the
+  step's batch, and ``L = sum_s L_s`` (the reference backpropagates each step's loss separately and accumulates).
+
+Defaults follow ``recipes/LLaDA-Instruct/mdpo/config_demo.yaml`` (G 4, beta 0, eps 0.2, mu 1, temperature 0.1,
+128 steps, gen = block = 512, 16 train steps; RCR is an inference flag of the sampler, ``rollout.sampler.rcr``).
+Deviations: ``N_s`` is global over the step's batch instead of per micro-batch; with several data-parallel ranks each
+rank selects its own top steps (slot j pools every rank's j-th step). Masked-diffusion models only, and single-block
+rollouts (``block_length = gen_length``): the reward of ``x0^(s)`` needs a prediction for every masked position, and
+the block sampler predicts only the current block. Dream's shifted logits are handled by the shared log-prob code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from ..diffusion.logprob import score_targets
+from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty, rl_view
+from .tracerl import agree_max
+
+
+@dataclass
+class MDPOConfig(GRPOConfig):
+    name: str = "mdpo"
+    clip_low: float = 0.2
+    beta: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    advantage: AdvantageMode = "mean_std"  # per step, with advantage_eps and the unbiased std
+    advantage_eps: float = 1e-4
+    sample_train_steps: int = 16
+    temperature: float = 0.1  # logits / temperature when scoring (the reference reuses the rollout temperature)
+    confidence_weight: bool = True  # weight each token by the sampler's confidence c_k
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sample_train_steps < 1:
+            raise ValueError(f"sample_train_steps must be >= 1, got {self.sample_train_steps}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (logits are divided by it), got {self.temperature}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure functions (tested directly)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def step_advantages_raw(rewards: torch.Tensor) -> torch.Tensor:
+    """``a_s = (r_s - r_{s-1}) + 1 + mean_{u>s} r_u`` for rewards ``[B, T]`` (last step: ``+ r_{T-1}``)."""
+    r = rewards.double()
+    B, T = r.shape
+    prev = torch.cat([torch.zeros(B, 1, dtype=r.dtype, device=r.device), r[:, :-1]], dim=1)
+    suffix = r.flip(1).cumsum(1).flip(1)  # sum_{u >= s} r_u
+    counts = torch.arange(T - 1, 0, -1, dtype=r.dtype, device=r.device)  # T-1-s future steps
+    future = torch.cat([(suffix[:, 1:] / counts), r[:, -1:]], dim=1)
+    return (r - prev + 1.0 + future).float()
+
+
+def group_zscore_unbiased(values: torch.Tensor, groups: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-column ``(v - mean) / (std + eps)`` within each group, unbiased std (0 for groups of one)."""
+    mean, std, n = group_mean_std(values, groups)
+    unbiased = torch.where(n > 1, std * torch.sqrt(n / (n - 1).clamp_min(1)), torch.zeros_like(std))
+    return ((values.double() - mean) / (unbiased + eps)).float()
+
+
+def top_steps(advantages: torch.Tensor, valid: torch.Tensor, k: int) -> list[int]:
+    """The k step indices with the largest ``sum_batch |A_s|`` (steps no row took count 0), in that order."""
+    score = (advantages.abs() * valid.float()).sum(0)
+    return torch.topk(score, k=min(k, score.numel())).indices.tolist()
+
+
+def trajectory_fields(batch: Batch):
+    """(states, x0, confidence, valid) of the batch's trajectory (a dict of tensors or an object with them)."""
+    if "trajectory" not in batch or batch["trajectory"] is None:
+        raise ValueError("MDPO trains on the sampler's intermediate states: set rollout.sampler.record_trajectory: "
+                         "true so that the batch carries the rollout's trajectory")
+    t = batch["trajectory"]
+    get = (lambda k: t[k]) if isinstance(t, dict) else (lambda k: getattr(t, k))
+    return get("states"), get("x0"), get("confidence"), get("valid").bool()
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+@register_algorithm
+class MDPO(GRPOAlgorithm):
+    name = "mdpo"
+    config_class = MDPOConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+
+    @property
+    def mc_samples(self) -> int:
+        return self.config.sample_train_steps
+
+    # --- per-step rewards and advantages (computed once, before the views) -----------------------------
+    def step_rewards(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+        if "step_rewards" in batch:
+            return batch["step_rewards"].float()
+        _, x0, _, valid = trajectory_fields(batch)
+        score = ctx.services.get("score_completions")
+        if score is None:
+            raise ValueError("MDPO scores every intermediate prediction: the trainer must provide "
+                             "ctx.services['score_completions'](batch, completion_ids [N, Lc], sample_index [N]) "
+                             "or a 'step_rewards' [B, S] batch field")
+        B, S, Lc = x0.shape
+        rows, steps = valid.nonzero(as_tuple=True)
+        values = torch.as_tensor(score(batch, x0[rows, steps], rows), dtype=torch.float32).to(x0.device)
+        rewards = torch.zeros(B, S, device=x0.device)
+        rewards[rows, steps] = values
+        # A row that finished early keeps its final prediction: repeat its last reward over the padded steps.
+        last = (valid.long().sum(1) - 1).clamp_min(0)
+        idx = torch.minimum(torch.arange(S, device=x0.device)[None].expand(B, S), last[:, None])
+        return rewards.gather(1, idx)
+
+    def _prepare_steps(self, ctx: StepContext, batch: Batch) -> list[int]:
+        if "mdpo_steps" in batch.meta:
+            return batch.meta["mdpo_steps"]
+        states, x0, _, valid = trajectory_fields(batch)
+        rewards = self.step_rewards(ctx, batch)
+        adv = group_zscore_unbiased(step_advantages_raw(rewards), batch["group"], self.config.advantage_eps)
+        steps = top_steps(adv, valid, self.config.sample_train_steps)
+        (k,) = agree_max([len(steps)], states.device)  # every rank runs the same number of forwards
+        batch["step_rewards"], batch["step_advantages"] = rewards, adv
+        batch.meta["mdpo_steps"] = steps + [-1] * (k - len(steps))  # -1: a padding slot without targets
+        return batch.meta["mdpo_steps"]
+
+    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+        steps = self._prepare_steps(ctx, batch)
+        adv = batch["step_advantages"]
+        batch["active"] = torch.ones(batch.size, device=adv.device)
+        cols = [adv[:, s] if s >= 0 else torch.zeros_like(adv[:, 0]) for s in steps]
+        return torch.stack(cols, dim=1)  # [B, k]: the advantage of each trained step slot
+
+    # --- views: one per selected step --------------------------------------------------------------------
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        if ctx.adapter.attention not in self.supports:
+            raise ValueError(f"algorithm 'mdpo' supports {self.supports} attention; this model is "
+                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        if iteration > 0 and "mdpo_views" in batch.meta:  # deterministic: reuse the first iteration's views
+            return batch.meta["mdpo_views"]
+        steps = self._prepare_steps(ctx, batch)
+        states, x0, conf, valid = trajectory_fields(batch)
+        mask_id = ctx.adapter.mask_token_id
+        views = []
+        for s in steps:
+            if s < 0:
+                state, pred, c, targets = batch["completion_ids"], batch["completion_ids"], None, None
+            else:
+                state, pred, c = states[:, s], x0[:, s], conf[:, s]
+                targets = (state == mask_id) & valid[:, s:s + 1]
+                if bool((pred[targets] == mask_id).any()):
+                    raise ValueError("MDPO needs a prediction for every masked position at every step: use single-"
+                                     "block rollouts (rollout.sampler.block_length = gen_length)")
+            if targets is None:
+                targets = torch.zeros_like(state, dtype=torch.bool)
+            fields = {"prompt_ids": batch["prompt_ids"], "prompt_mask": batch["prompt_mask"], "completion_ids": pred}
+            view = rl_view(ctx, fields, state, targets)  # labels = the step's prediction x0^(s)
+            view.weight = None
+            if c is not None:
+                view.info["confidence"] = c.float()
+            views.append(view)
+        batch.meta["mdpo_views"] = views
+        return views
+
+    # --- likelihood: one [B, Lc] block of slots per selected step ------------------------------------------
+    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        values, ents = [], []
+        for v in views:
+            logp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
+                                      chunk_size=ctx.chunk_size, temperature=self.config.temperature,
+                                      with_entropy=with_entropy)
+            values.append(logp.gather(1, v.score_index))
+            if ent is not None:
+                ents.append(ent.gather(1, v.score_index))
+        return LogLik(torch.cat(values, dim=1), torch.cat(ents, dim=1) if ents else None)
+
+    # --- loss ----------------------------------------------------------------------------------------------
+    def _slot_tensors(self, batch: Batch, views: list[View]):
+        """Per slot (selected step): targets [B, k*Lc], lambda [B, k*Lc], confidence [B, k*Lc]."""
+        Lc = batch["completion_ids"].shape[1]
+        tgts, lams, confs = [], [], []
+        for v in views:
+            t = v.targets.gather(1, v.score_index)
+            n = t.float().sum(1, keepdim=True)
+            tgts.append(t)
+            lams.append((Lc / (n + 1e-4)).expand_as(t))
+            c = v.info.get("confidence")
+            confs.append(c if (c is not None and self.config.confidence_weight) else torch.ones_like(t, dtype=torch.float32))
+        return torch.cat(tgts, 1), torch.cat(lams, 1), torch.cat(confs, 1)
+
+    def normalizers(self, batch: Batch) -> dict[str, float]:
+        active = batch["active"].float()[:, None] > 0
+        out = {"seqs": float(active.sum()), "samples": float(batch.size), "targets": 0.0}
+        for j, v in enumerate(batch["views"][0]):
+            n = float((v.targets.gather(1, v.score_index) & active).sum())
+            out[f"mdpo_slot_{j}"] = n
+            out["targets"] += n
+        return out
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int, slots=None):
+        cfg = self.config
+        views = batch["views"][iteration]
+        Lc = batch["completion_ids"].shape[1]
+        k = len(views)
+        tgt, lam, conf = self._slot_tensors(batch, views)
+        tgt = tgt & (batch["active"].float()[:, None] > 0)
+        if slots is not None:  # restrict to some slots (per-view backward)
+            keep = torch.zeros(k, dtype=torch.bool)
+            keep[list(slots)] = True
+            tgt = tgt & keep.repeat_interleave(Lc).to(tgt.device)[None]
+        per_slot_n = torch.tensor([max(ctx.norms.get(f"mdpo_slot_{j}", 0.0), 1.0) for j in range(k)])
+        denom = per_slot_n.repeat_interleave(Lc).to(tgt.device)[None]
+        logp = current.value
+        old, ref = self.old_and_ref(batch, current, iteration)
+        logp_s = torch.where(tgt, logp, old.detach())  # placeholders outside the targets give ratio 1
+        adv = batch["advantages"].to(logp.device).repeat_interleave(Lc, dim=1)
+        per_tok, ratio, clipped = clipped_surrogate(logp_s, old, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip,
+                                                    cfg.logratio_clamp)
+        per_tok = per_tok * lam
+        metrics = {}
+        n_all = max(ctx.norms.get("targets", 0.0), 1.0)
+        if ref is not None:
+            kl = kl_penalty(logp_s, torch.where(tgt, ref, logp_s.detach()), cfg.kl_estimator)
+            per_tok = per_tok + cfg.beta * kl
+            metrics["kl"] = float((kl.detach() * tgt).sum()) / n_all
+        loss = (per_tok * conf * tgt / denom).sum()
+        metrics["clip_frac"] = float((clipped.float() * tgt).sum()) / n_all
+        metrics["ratio_mean"] = float((ratio.detach() * tgt).sum()) / n_all
+        if current.entropy is not None:
+            metrics["entropy"] = float((current.entropy * tgt).sum()) / n_all
+        return loss, metrics
+
+    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+        """One forward + backward per selected step (as the reference), so only one step's graph is alive."""
+        views = batch["views"][iteration]
+        Lc = batch["completion_ids"].shape[1]
+        totals: dict[str, float] = {"loss": 0.0}
+        for j, view in enumerate(views):
+            part = self.log_likelihood(ctx, model, batch, [view], with_entropy=ctx.want_entropy)
+            # Place this step's slots in the full [B, k*Lc] layout; the others hold the old log-probs (ratio 1).
+            full = torch.zeros(part.value.shape[0], len(views) * Lc, device=part.value.device)
+            full = torch.cat([full[:, :j * Lc], part.value, full[:, (j + 1) * Lc:]], dim=1)
+            ent = None
+            if part.entropy is not None:
+                ent = torch.zeros_like(full)
+                ent[:, j * Lc:(j + 1) * Lc] = part.entropy
+            loss, metrics = self.loss(ctx, batch, LogLik(full, ent), iteration, slots=[j])
+            (loss * loss_scale).backward()
+            totals["loss"] += float(loss.detach())
+            for key, val in metrics.items():
+                totals[key] = totals.get(key, 0.0) + val
+        return totals

@@ -1,0 +1,161 @@
+import pytest
+import torch
+
+from dare.algorithms.mdpo import MDPOConfig, group_zscore_unbiased, step_advantages_raw, top_steps
+from dare.rollout.config import SamplerConfig
+from dare.trainer import stages
+from tests.algorithms.trajectory_helpers import rollout_batch, setup
+
+
+def test_step_advantage_formula_on_a_hand_made_reward_sequence():
+    r = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    a = step_advantages_raw(r)
+    # a_s = (r_s - r_{s-1}) + 1 + mean_{u>s} r_u, r_{-1} = 0, last step + r_{T-1}
+    assert torch.allclose(a[0], torch.tensor([1 + 2 / 3, 2.5, 1.0, 0.0]))
+    assert torch.allclose(a[1], torch.tensor([3.0, 2.0, 2.0, 2.0]))
+
+
+def test_per_step_group_zscore_uses_the_unbiased_std_and_eps():
+    a = torch.tensor([[1.0, 5.0], [3.0, 5.0], [2.0, 0.0], [4.0, 1.0]])
+    groups = torch.tensor([0, 0, 1, 1])
+    z = group_zscore_unbiased(a, groups, 1e-4)
+    g0 = a[:2, 0]
+    assert torch.allclose(z[:2, 0], (g0 - g0.mean()) / (g0.std() + 1e-4))
+    assert torch.equal(z[:2, 1], torch.zeros(2))  # constant column: 0, not NaN
+    assert torch.equal(group_zscore_unbiased(a[:1], groups[:1], 1e-4), torch.zeros(1, 2))  # group of one
+
+
+def test_top_k_steps_by_summed_absolute_advantage():
+    adv = torch.tensor([[0.1, -2.0, 0.5, 0.0], [0.1, 1.0, -1.0, 3.0]])
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    assert top_steps(adv, valid, 2) == [1, 3]  # |.| sums: 0.2, 3.0, 1.5, 3.0 -> ties keep the earlier step first
+    valid[1, 3] = False  # a step only one row took counts for that row only
+    assert top_steps(adv, valid, 2) == [1, 2]
+    assert top_steps(adv, valid, 9) == [1, 2, 0, 3]
+
+
+def _scorer(target_token):
+    calls = []
+
+    def score(batch, completion_ids, rows):
+        calls.append((completion_ids.clone(), rows.clone()))
+        return (completion_ids == target_token).float().mean(1) + 0.1 * rows.float()
+
+    return score, calls
+
+
+def _mdpo_batch(model, ctx, steps=4, gen=8, n=3, rcr=False):
+    sampler = SamplerConfig(gen_length=gen, block_length=gen, steps=steps, temperature=1.0, record_trajectory=True,
+                            rcr=rcr, block_stop=False)
+    batch, r = rollout_batch(model, sampler, n=n)
+    t = r.trajectory
+    batch["trajectory"] = {"states": t.states, "x0": t.x0, "confidence": t.confidence, "valid": t.valid}
+    score, calls = _scorer(target_token=int(batch["completion_ids"][0, 0]))
+    ctx.services["score_completions"] = score
+    return batch, r, calls
+
+
+def test_views_replay_the_selected_states_with_predictions_as_labels():
+    model, algo, ctx = setup(MDPOConfig(sample_train_steps=2))
+    batch, r, calls = _mdpo_batch(model, ctx)
+    views = algo.corrupt(ctx, batch, 0)
+    t = r.trajectory
+    B, S, Lc = t.states.shape
+    # every valid step's prediction was scored once, with the row it belongs to
+    assert calls[0][0].shape == (int(t.valid.sum()), Lc)
+    assert torch.equal(batch["step_rewards"][:, 0], (t.x0[:, 0] == int(batch["completion_ids"][0, 0])).float().mean(1)
+                       + 0.1 * torch.arange(B).float())
+    steps = batch.meta["mdpo_steps"]
+    assert steps == top_steps(batch["step_advantages"], t.valid, 2)
+    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    for v, s in zip(views, steps):
+        assert torch.equal(v.input_ids[:, P:], t.states[:, s])
+        assert torch.equal(v.targets[:, P:], t.states[:, s] == mask_id)
+        assert torch.equal(v.labels[:, P:], t.x0[:, s])
+        assert torch.equal(v.info["confidence"], t.confidence[:, s])
+    adv = algo.advantages(ctx, batch)
+    assert torch.equal(adv, batch["step_advantages"][:, steps])
+
+
+def test_lambda_times_masked_count_is_the_generation_length():
+    model, algo, ctx = setup(MDPOConfig(sample_train_steps=4))
+    batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8)
+    views = algo.corrupt(ctx, batch, 0)
+    tgt, lam, _ = algo._slot_tensors(batch, views)
+    n = tgt.view(tgt.shape[0], len(views), 8).float().sum(-1)
+    lam_slot = lam.view(tgt.shape[0], len(views), 8)[..., 0]
+    assert (n > 0).all()
+    assert torch.allclose(lam_slot * n, torch.full_like(n, 8.0), rtol=1e-4)
+
+
+def test_ratio_one_loss_and_per_step_backward_match_the_formula():
+    model, algo, ctx = setup(MDPOConfig(sample_train_steps=3))
+    batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8)
+    batch["advantages"] = None
+    stages.prepare(algo, ctx, batch, model)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    ctx.norms = algo.normalizers(batch)
+    views = batch["views"][0]
+    tgt, lam, conf = algo._slot_tensors(batch, views)
+    k, Lc = len(views), 8
+    adv = batch["advantages"].repeat_interleave(Lc, dim=1)
+    n = torch.tensor([ctx.norms[f"mdpo_slot_{j}"] for j in range(k)]).repeat_interleave(Lc)[None]
+    expected = (-adv * lam * conf * tgt / n).sum()
+    model.zero_grad()
+    m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
+    assert abs(m["ratio_mean"] - 1.0) < 1e-6 and m["clip_frac"] == 0.0
+    assert abs(m["loss"] - expected.item()) < 1e-5
+    per_step = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss, _ = algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, views), 0)
+    loss.backward()
+    for a, p in zip(per_step, model.parameters()):
+        assert torch.allclose(a, p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_dream_scores_each_target_from_the_previous_row_at_the_temperature():
+    model, algo, ctx = setup(MDPOConfig(sample_train_steps=1, temperature=0.5), "dream")
+    batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8, n=2)
+    (v,) = algo.corrupt(ctx, batch, 0)
+    logp = algo.log_likelihood(ctx, model, batch, [v]).value
+    P = batch["prompt_ids"].shape[1]
+    logits = model(v.input_ids, attention_mask=v.attention_mask).logits.float() / 0.5
+    ref = torch.log_softmax(logits, -1)
+    i, k = v.targets[:, P:].nonzero(as_tuple=True)
+    assert i.numel() > 0
+    assert torch.allclose(logp[i, k], ref[i, P + k - 1, v.labels[i, P + k]], atol=1e-5)
+    assert not torch.allclose(logp[i, k], ref[i, P + k, v.labels[i, P + k]], atol=1e-3)
+
+
+def test_rcr_rollouts_train_and_confidences_are_running():
+    model, algo, ctx = setup(MDPOConfig(sample_train_steps=2))
+    batch, r, _ = _mdpo_batch(model, ctx, steps=4, gen=8, rcr=True)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    stages.prepare(algo, ctx, batch, model)
+    ctx.norms = algo.normalizers(batch)
+    model.zero_grad()
+    m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
+    assert m["loss"] == m["loss"] and ctx.norms["targets"] > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_errors_name_the_fix():
+    model, algo, ctx = setup(MDPOConfig())
+    batch, _, _ = _mdpo_batch(model, ctx)
+    del batch.fields["trajectory"]
+    with pytest.raises(ValueError, match="record_trajectory"):
+        algo.corrupt(ctx, batch, 0)
+    sampler = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, record_trajectory=True)
+    batch, r = rollout_batch(model, sampler)
+    t = r.trajectory
+    batch["trajectory"] = {"states": t.states, "x0": t.x0, "confidence": t.confidence, "valid": t.valid}
+    with pytest.raises(ValueError, match="single-block"):
+        algo.corrupt(ctx, batch, 0)
+    _, block_algo, block_ctx = setup(MDPOConfig(), "sdar")
+    with pytest.raises(ValueError, match="masked-diffusion"):
+        block_algo.corrupt(block_ctx, batch, 0)
+    ctx.services.pop("score_completions")
+    batch.meta.clear()
+    batch.fields.pop("step_rewards", None)
+    with pytest.raises(ValueError, match="score_completions"):
+        algo.corrupt(ctx, batch, 0)
