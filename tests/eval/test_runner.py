@@ -131,3 +131,24 @@ def test_benchmark_and_option_errors(tiny_llada, tiny_tok):
     with pytest.raises(SystemExit):
         main(["eval", "--benchmarks", "sudoku", "--limit", "x"])
     assert main(["eval", "--benchmarks", "sudoku"]) == 2  # no model: one clear error line
+
+
+def test_checkpoint_folders_and_block_size(tmp_path, tiny_tok, one_thread, caplog):
+    """A saved checkpoint (with its tokenizer) evaluates by path; a block model decodes with its own block size."""
+    import logging
+
+    from dare.eval.models import load_for_eval, model_name
+    from dare.models import save_pretrained, tiny
+
+    ckpt = tmp_path / "my-sdar"
+    save_pretrained(tiny("sdar", tokenizer=tiny_tok, seed=2), ckpt, tokenizer=tiny_tok)
+    model, tok = load_for_eval(str(ckpt), device="cpu")
+    assert model.family == "sdar" and tok.mask_token_id == model.adapter.mask_token_id
+    assert model_name(str(ckpt)) == "my-sdar" and model_name("tiny:llada2_moe") == "tiny-llada2_moe"
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="dare.commands.eval"):
+        assert main(["eval", "--model", str(ckpt), "--benchmarks", "sudoku", "--limit", "1", "--gen-length", "8",
+                     "--block-length", "8", "--template", "compact", "--output-dir", str(out), "--no-progress"]) == 0
+    res = json.loads((out / "my-sdar" / "results.json").read_text())
+    assert res["sampler"]["block_length"] == model.adapter.block_size == 4
+    assert "block_length 8 -> the model's block size 4" in caplog.text
