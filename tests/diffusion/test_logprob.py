@@ -53,3 +53,13 @@ def test_dream_target_k_reads_row_k_minus_one():
     raw = model(ids).logits.float().log_softmax(-1)
     assert torch.allclose(logp[0, 6], raw[0, 5, ids[0, 6]], atol=1e-6)
     assert not torch.allclose(logp[0, 6], raw[0, 6, ids[0, 6]], atol=1e-3)
+
+
+def test_no_targets_still_backpropagates_to_the_hidden_states():
+    # Under FSDP a rank whose micro-batch has no targets must still run backward through every layer.
+    h = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(10, 4, requires_grad=True)
+    rows = h[torch.zeros(0, dtype=torch.long)]
+    logp, _ = linear_log_prob(rows, w, torch.zeros(0, dtype=torch.long))
+    logp.sum().backward()
+    assert h.grad is not None and w.grad is not None and h.grad.abs().sum() == 0

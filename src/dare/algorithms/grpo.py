@@ -22,6 +22,7 @@ from typing import Literal, Optional
 import torch
 
 from .base import Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View
+from .views import prompt_completion_view
 
 AdvantageMode = Literal["mean", "mean_std", "loo", "none"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum"]
@@ -161,26 +162,16 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norms: dic
 
 
 def rl_view(ctx: StepContext, batch: Batch, completion_input: torch.Tensor, targets: torch.Tensor,
-            prompt_input: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None, info=None) -> View:
+            prompt_input: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None, info=None,
+            block_layout: bool = False) -> View:
     """A ``[prompt ; completion]`` view of an RL batch whose slots are the completion positions.
 
     ``completion_input [B, Lc]`` is the (corrupted) completion, ``targets [B, Lc]`` the scored completion
     positions, ``weight [B, Lc]`` optional per-target coefficients; the prompt is clean unless ``prompt_input``
-    gives a corrupted one. Left padding is masked out (positions restart after it).
+    gives a corrupted one. See ``views.prompt_completion_view``.
     """
-    prompt, pmask, comp = batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"]
-    B, P = prompt.shape
-    Lc = comp.shape[1]
-    dev = comp.device
-    ids = torch.cat([prompt if prompt_input is None else prompt_input, completion_input], dim=1)
-    attn = torch.cat([pmask.bool(), torch.ones(B, Lc, dtype=torch.bool, device=dev)], dim=1)
-    full_targets = torch.cat([torch.zeros(B, P, dtype=torch.bool, device=dev), targets.bool()], dim=1)
-    labels = torch.cat([prompt, comp], dim=1)
-    full_weight = None
-    if weight is not None:
-        full_weight = torch.cat([torch.zeros(B, P, dtype=weight.dtype, device=dev), weight], dim=1)
-    index = (P + torch.arange(Lc, device=dev)).expand(B, Lc).contiguous()
-    return View(ids, full_targets, labels, full_weight, attention_mask=attn, score_index=index, info=dict(info or {}))
+    return prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], completion_input,
+                                  targets, prompt_input=prompt_input, weight=weight, block_layout=block_layout, info=info)
 
 
 class GRPOAlgorithm(Algorithm):

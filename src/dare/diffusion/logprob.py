@@ -76,7 +76,9 @@ def linear_log_prob(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     processes all rows at once (the dense baseline the benchmarks compare against).
     """
     if hidden.shape[0] == 0:
-        empty = hidden.new_zeros(0, dtype=torch.float32) + 0.0 * weight.sum()
+        # Still connected to the hidden states and the head: under FSDP every rank's backward must reach every layer
+        # (a rank whose micro-batch has no targets would otherwise skip its reduce-scatters and deadlock the others).
+        empty = hidden.float().sum(-1) * 0.0 + weight.float().sum() * 0.0
         return empty, (empty.detach() if with_entropy else None)
     chunk = int(chunk_size or hidden.shape[0])
     return _LinearLogProb.apply(hidden, weight, labels.long(), chunk, float(temperature), bool(with_entropy))

@@ -95,6 +95,9 @@ def shard_model(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    # MoE experts that receive no token on one rank get no gradient there; reduce zeros for them so every rank
+    # issues the same reduce-scatters (otherwise the collectives mismatch and the run hangs).
+    model.set_reduce_scatter_unused_params(True)
     return model
 
 
