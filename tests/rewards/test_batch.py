@@ -92,6 +92,15 @@ def test_score_batch_timeout_reason_and_combination():
     assert combo[0].reason.startswith("test_raises: error: ValueError")
 
 
+def test_adversarial_latex_that_hangs_math_verify_times_out():
+    # sympy tries to evaluate the power tower and never returns: only the worker deadline saves us.
+    start = time.monotonic()
+    results = score_batch("math", ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{1}"], [{"task": "math", "ground_truth": "1"}] * 2,
+                          timeout=2.0, workers=2)
+    assert results == [RewardResult(0.0, "timeout"), RewardResult(1.0)]
+    assert time.monotonic() - start < 30
+
+
 def test_score_batch_auto_mixes_tasks_and_sandboxed_code():
     completions = ["\\boxed{5}", "<answer>30 - (100 - 93)</answer>", "```python\ndef add(a, b):\n    return a + b\n```",
                    "```python\ndef add(a, b):\n    return a * b\n```", "anything"]

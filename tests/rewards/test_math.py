@@ -114,3 +114,28 @@ def test_bad_gold_is_a_clear_error():
         math_reward("\\boxed{1}", ex("math", ""))
     with pytest.raises(KeyError, match="ground_truth"):
         math_reward("\\boxed{1}", {"task": "math"})
+
+
+@pytest.mark.slow
+def test_bundled_gold_answers_score_as_answers():
+    """Every MATH-500 / GSM8K gold, written as a model would, scores 1; another problem's gold scores 1
+    only when the two golds are the same answer (and the string normaliser knows it)."""
+    from dare.data import DataConfig, load_examples
+    from dare.rewards import score_batch
+
+    math500 = load_examples(DataConfig(name="math500", split="test"))
+    golds = [e["ground_truth"] for e in math500]
+    own = score_batch("math", [f"The answer is $\\boxed{{{g}}}$." for g in golds], math500, workers=2)
+    assert [g for g, r in zip(golds, own) if r.score != 1.0] == []
+    shifted = golds[1:] + golds[:1]
+    cross = score_batch("math", [f"\\boxed{{{g}}}" for g in shifted], math500, workers=2)
+    matched = {(a, b) for a, b, r in zip(golds, shifted, cross) if r.score == 1.0}
+    assert matched == {(a, b) for a, b in zip(golds, shifted) if strings_equivalent(a, b)}
+    assert len(matched) < 10
+
+    gsm8k = load_examples(DataConfig(name="gsm8k", split="test"))
+    hashes = score_batch("auto", [f"Reasoning.\n#### {e['ground_truth']}" for e in gsm8k], gsm8k, workers=2)
+    plain = score_batch("auto", [f"So the answer is {e['ground_truth']}." for e in gsm8k], gsm8k, workers=2)
+    off_by_one = score_batch("auto", [f"#### {float(e['ground_truth'].replace(',', '')) + 1}" for e in gsm8k], gsm8k, workers=2)
+    assert sum(r.score for r in hashes) == sum(r.score for r in plain) == len(gsm8k)
+    assert sum(r.score for r in off_by_one) == 0

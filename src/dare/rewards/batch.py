@@ -308,7 +308,8 @@ def score_batch(reward: RewardSpec, completions: Sequence[str], examples: Sequen
     isolated_thread = threading.Thread(
         target=lambda: isolated_box.append(_run_isolated(calls(isolated), timeout, max(1, workers))),
         name="dare-reward-isolated")
-    isolated_thread.start()
+    if isolated:
+        isolated_thread.start()
     try:
         if not pooled:
             pooled_results: list[RewardResult] = []
@@ -317,7 +318,8 @@ def score_batch(reward: RewardSpec, completions: Sequence[str], examples: Sequen
         else:
             pooled_results = get_pool(workers).map(calls(pooled), timeout)
     finally:
-        isolated_thread.join()
+        if isolated:
+            isolated_thread.join()
     term_results: dict[int, RewardResult] = dict(zip(pooled, pooled_results))
     term_results.update(zip(isolated, isolated_box[0] if isolated_box else []))
 
