@@ -22,20 +22,28 @@ def score_iteration(algo: Algorithm, ctx: StepContext, model, batch: Batch, iter
     return concat_rows(parts)
 
 
+def score_iterations(algo: Algorithm, ctx: StepContext, model, batch: Batch, micro_batch_size: int) -> dict:
+    """``score_iteration`` for every inner iteration; an iteration whose views are the very same list as an earlier
+    one's (a deterministic corruption such as a trajectory replay) reuses that iteration's scores."""
+    out: dict = {}
+    for it in range(algo.inner_iterations):
+        same = next((j for j in range(it) if batch["views"][j] is batch["views"][it]), None)
+        out[it] = out[same] if same is not None else score_iteration(algo, ctx, model, batch, it, micro_batch_size)
+    return out
+
+
 def prepare(algo: Algorithm, ctx: StepContext, batch: Batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
     """Stage (3): draw every inner iteration's corruption once, then score it with the pre-update policy and the
     reference policy where the algorithm needs them. Results land in ``views``, ``old_logp``, ``ref_logp``."""
     batch["views"] = {it: algo.corrupt(ctx, batch, it) for it in range(algo.inner_iterations)}
     if algo.needs_old_logp:
-        batch["old_logp"] = {it: score_iteration(algo, ctx, policy, batch, it, micro_batch_size)
-                             for it in range(algo.inner_iterations)}
+        batch["old_logp"] = score_iterations(algo, ctx, policy, batch, micro_batch_size)
     if algo.needs_reference:
         if reference is None:
             raise ValueError(f"algorithm {algo.name!r} needs a reference policy, but none is configured "
                              f"(set reference.mode to 'copy' or, with LoRA, 'lora_disabled')")
         with reference.scoring() as ref_model:
-            batch["ref_logp"] = {it: score_iteration(algo, ctx, ref_model, batch, it, micro_batch_size)
-                                 for it in range(algo.inner_iterations)}
+            batch["ref_logp"] = score_iterations(algo, ctx, ref_model, batch, micro_batch_size)
 
 
 def update(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
