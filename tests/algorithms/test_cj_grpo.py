@@ -113,3 +113,15 @@ def test_runs_on_both_attention_kinds(family):
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert abs(m["ratio_mean"] - 1.0) < 1e-6
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_deterministic_replay_is_scored_once_for_all_inner_iterations():
+    model, algo, ctx = setup(CJGRPOConfig(inner_iterations=3, beta=0.0))
+    batch = replay_batch(False, seed=2, gen_len=8, steps=4)
+    calls = []
+    original = algo.log_likelihood
+    algo.log_likelihood = lambda *a, **k: calls.append(1) or original(*a, **k)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    stages.prepare(algo, ctx, batch, model)
+    assert batch["views"][2] is batch["views"][0]
+    assert len(calls) == 1 and batch["old_logp"][2] is batch["old_logp"][0]
