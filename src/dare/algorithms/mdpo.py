@@ -31,8 +31,9 @@ import torch
 
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty, rl_view
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty
 from .tracerl import agree_max
+from .views import prompt_completion_view
 
 
 @dataclass
@@ -168,9 +169,8 @@ class MDPO(GRPOAlgorithm):
                                      "block rollouts (rollout.sampler.block_length = gen_length)")
             if targets is None:
                 targets = torch.zeros_like(state, dtype=torch.bool)
-            fields = {"prompt_ids": batch["prompt_ids"], "prompt_mask": batch["prompt_mask"], "completion_ids": pred}
-            view = rl_view(ctx, fields, state, targets)  # labels = the step's prediction x0^(s)
-            view.weight = None
+            # labels = the step's prediction x0^(s)
+            view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], pred, state, targets)
             if c is not None:
                 view.info["confidence"] = c.float()
             views.append(view)

@@ -36,7 +36,6 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 
-from ..models import masks as attn_masks
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_advantages, kl_penalty, rl_view
 
@@ -147,26 +146,6 @@ def agree_max(values: list[int], device) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
-def block_view(ctx: StepContext, batch: Batch, completion_input: torch.Tensor, targets: torch.Tensor) -> View:
-    """A ``[x_t ; x_0]`` block-diffusion view of an RL batch (noisy ``[prompt ; completion_input]``, clean
-    ``[prompt ; completion]``), scored on the noisy half; slots are the completion positions.
-
-    Left padding is invalid everywhere and shares block 0 with the first prompt tokens, so no query row is empty.
-    """
-    prompt, pmask, comp = batch["prompt_ids"], batch["prompt_mask"].bool(), batch["completion_ids"]
-    B, P = prompt.shape
-    Lc = comp.shape[1]
-    dev = comp.device
-    valid = torch.cat([pmask, torch.ones(B, Lc, dtype=torch.bool, device=dev)], dim=1)
-    pos = attn_masks.positions_from_padding(valid)
-    noisy = torch.cat([prompt, completion_input], dim=1)
-    clean = torch.cat([prompt, comp], dim=1)
-    layout = attn_masks.block_diffusion_layout(pos, None, valid)
-    full_targets = torch.cat([torch.zeros(B, P, dtype=torch.bool, device=dev), targets.bool()], dim=1)
-    index = (P + torch.arange(Lc, device=dev)).expand(B, Lc).contiguous()
-    return View(torch.cat([noisy, clean], dim=1), full_targets, clean, layout=layout, score_index=index)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Shared base: replay corruption, per-view backward, weighted clipped loss
 # ----------------------------------------------------------------------------------------------------------
@@ -251,8 +230,8 @@ class ReplayAlgorithm(GRPOAlgorithm):
         for r in range(plan.num_rounds):
             state = torch.where(plan.masked(r), torch.full_like(comp, mask_id), comp)
             targets = plan.round == r
-            make = block_view if ctx.adapter.is_block_causal else rl_view
-            views.append(make(ctx, batch, state, targets))
+            # Block models: the one-pass [x_t ; x_0] layout (noisy block b sees clean blocks < b and itself).
+            views.append(rl_view(ctx, batch, state, targets, block_layout=ctx.adapter.is_block_causal))
         batch.meta["replay_views"] = views
         return views
 
