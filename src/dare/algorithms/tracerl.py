@@ -37,7 +37,7 @@ from typing import ClassVar, Literal, Optional
 import torch
 
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_advantages, kl_penalty, rl_view
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty, rl_view
 
 INF_STEP = 2 ** 62  # group index of never-written tokens: masked in every replayed state
 
