@@ -1,0 +1,155 @@
+"""BGPO -- Boundary-Guided Policy Optimisation (Lin et al. 2025; algorithms.md section 8, dare_repo.md 4).
+
+⚠ The paper's code (THU-KEG/BGPO) was not available; this follows the paper-level spec and DARE's port
+(``*_dp_actor_bgpo.py``, ``compute_policy_loss_bgpo``); choices are listed in docs/algorithms/bgpo.md.
+
+Likelihood: ``num_mc`` MC samples of a length-normalised sequence ELBO per completion, noise shared between the
+current and old policies (keyed by (iteration, uid)). MC sample j masks ``x_j`` of the L completion tokens (up to
+the first EOS; post-EOS positions are always masked, i.e. marginalised), counts stratified over the MC samples
+(``k ~ U{1..L}``, LLaDA's estimator); ``l_j = (1/L) sum_masked logp / (x_j/L)`` = the mean log-prob of the masked
+tokens. Block-causal models (SDAR, LLaDA2) score the same masks with the ``[x_t ; x_0]`` block-diffusion layout.
+
+Objective: the ELBO ratio ``rho = exp(mean_j Delta_j)``, ``Delta_j = l_j - l_j(old)``, is not linear in the MC
+samples, so BGPO optimises a lower bound that is, term by term:
+
+    A >= 0:  A exp(mean Delta) >= A (1 + mean_j Delta_j)       (exp x >= 1 + x)
+    A <  0:  A exp(mean Delta) >= A mean_j exp(Delta_j)         (Jensen)
+
+i.e. a per-sample surrogate ratio ``r_j = 1 + Delta_j`` or ``exp(Delta_j)``, PPO-clipped per sample (plus DARE's dual
+clip c = 3 for A < 0), averaged over j and over sequences. On-policy (Delta = 0) the bound equals A and its gradient
+equals that of ``A rho``. Each summand depends on one MC sample, so ``backward`` runs forward + backward per MC
+sample and frees the graph (memory O(1) in ``num_mc``). The linear branch is used as is -- never through
+``log(1 + Delta)`` (DARE's form, which is NaN for Delta < -1). Optional KL (``beta``) is applied per MC sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+
+from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .espo import check_attention, elbo_view, random_subset, sequence_loglik, stratified_counts, view_sequence_logp
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, kl_penalty
+
+EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch inf * 0 would be NaN in backward)
+
+
+@dataclass
+class BGPOConfig(GRPOConfig):
+    name: str = "bgpo"
+    num_mc: int = 16  # MC samples per sequence (the unified setting of BGPO / DARE recipes)
+    clip_low: float = 0.2
+    dual_clip: Optional[float] = 3.0
+    advantage: AdvantageMode = "mean_std"
+    advantage_eps: float = 1e-6
+    per_sample_backward: bool = True  # one graph per MC sample; False builds one graph (same gradient)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_mc < 1:
+            raise ValueError(f"num_mc must be >= 1, got {self.num_mc}")
+
+
+def bgpo_ratio(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """Per-MC-sample surrogate ratio: ``1 + Delta`` where A >= 0, ``exp(Delta)`` where A < 0 (``delta [B, J]``)."""
+    a = adv.view(-1, *([1] * (delta.dim() - 1)))
+    return torch.where(a >= 0, 1.0 + delta, torch.exp(delta.clamp(max=EXP_CLAMP)))
+
+
+def bgpo_bound(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """The unclipped lower bound ``A mean_j r_j`` of ``A exp(mean_j Delta_j)`` per sequence."""
+    return adv * bgpo_ratio(delta, adv).mean(-1)
+
+
+def clipped_ratio_loss(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: Optional[float],
+                       dual_clip: Optional[float]):
+    """``-min(r A, clip(r) A)`` (+ dual clip for A < 0) for a given ratio tensor. Returns (loss, clipped)."""
+    hi = clip_low if clip_high is None else clip_high
+    a = adv.view(-1, *([1] * (ratio.dim() - 1))).expand_as(ratio)
+    unclipped = ratio * a
+    clipped_term = ratio.clamp(1.0 - clip_low, 1.0 + hi) * a
+    loss = -torch.minimum(unclipped, clipped_term)
+    clipped = clipped_term < unclipped
+    if dual_clip is not None:
+        cap = -dual_clip * a
+        capped = (a < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        clipped = clipped | capped
+    return loss, clipped
+
+
+@register_algorithm
+class BGPO(GRPOAlgorithm):
+    name = "bgpo"
+    config_class = BGPOConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+
+    @property
+    def mc_samples(self) -> int:
+        return self.config.num_mc
+
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        check_attention(self, ctx.adapter)
+        n = self.config.num_mc
+        valid = batch["completion_mask"].bool().cpu()
+        B, Lc = valid.shape
+        masked = torch.zeros(n, B, Lc, dtype=torch.bool)
+        counts = torch.zeros(n, B, dtype=torch.long)
+        for i, uid in enumerate(batch["uid"].tolist()):
+            g = ctx.generator(iteration, uid, 0)
+            pos = torch.nonzero(valid[i]).flatten()
+            counts[:, i] = stratified_counts(g, pos.numel(), n, low=1)
+            for j in range(n):
+                masked[j, i, random_subset(pos, int(counts[j, i]), g)] = True
+        dev = batch["completion_ids"].device
+        masked, counts = masked.to(dev), counts.to(dev)
+        # (1/L) * 1/(x/L) = 1/x: the length-normalised ELBO term is the mean log-prob of the masked tokens.
+        return [elbo_view(ctx, batch, masked[j], (1.0 / counts[j].clamp_min(1).float())[:, None].expand(B, Lc), j,
+                          {"count": counts[j]}) for j in range(n)]
+
+    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        """Per-MC-sample length-normalised ELBO terms ``[B, num_mc]``."""
+        return sequence_loglik(ctx, model, views, self.config.num_mc)
+
+    def _mc_loss(self, ctx: StepContext, batch: Batch, l: torch.Tensor, old: torch.Tensor, ref: Optional[torch.Tensor]):
+        """Share of the loss of the MC columns in ``l [B, k]`` (the full loss sums all num_mc columns)."""
+        cfg = self.config
+        adv = batch["advantages"].to(l.device).float()
+        active = batch["active"].float().to(l.device)
+        ratio = bgpo_ratio(l - old, adv)
+        terms, clipped = clipped_ratio_loss(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        denom = cfg.num_mc * max(ctx.norms["seqs"], 1.0)
+        metrics = {"ratio_mean": float((ratio.detach() * active[:, None]).sum()) / denom,
+                   "clip_frac": float((clipped.float() * active[:, None]).sum()) / denom,
+                   "elbo_per_token": float((l.detach() * active[:, None]).sum()) / denom}
+        if ref is not None:
+            kl = kl_penalty(l, ref, cfg.kl_estimator)
+            terms = terms + cfg.beta * kl
+            metrics["kl"] = float((kl.detach() * active[:, None]).sum()) / denom
+        return (terms * active[:, None]).sum() / denom, metrics
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+        old, ref = self.old_and_ref(batch, current, iteration)
+        return self._mc_loss(ctx, batch, current.value, old, ref)
+
+    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict:
+        if not self.config.per_sample_backward:
+            return super().backward(ctx, model, batch, iteration, loss_scale)
+        old_all = batch["old_logp"][iteration] if self.needs_old_logp else None
+        ref_all = None
+        if self.config.beta > 0:
+            ref_all = old_all if self.config.kl_target == "old" else batch["ref_logp"][iteration]
+        totals = {"loss": 0.0}
+        for v in batch["views"][iteration]:
+            j = int(v.info["slot"][0])
+            l = view_sequence_logp(ctx, model, v)[:, None]
+            old = old_all[:, j:j + 1] if old_all is not None else l.detach()
+            ref = ref_all[:, j:j + 1] if ref_all is not None else None
+            loss, metrics = self._mc_loss(ctx, batch, l, old, ref)
+            if loss.requires_grad:
+                (loss * loss_scale).backward()  # frees this MC sample's graph before the next forward
+            totals["loss"] += float(loss.detach())
+            for k, x in metrics.items():
+                totals[k] = totals.get(k, 0.0) + x
+        return totals
