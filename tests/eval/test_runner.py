@@ -50,10 +50,10 @@ class _Oracle:
         self.calls.append([tuple(p) for p in prompts])
         texts = [self.answers[tuple(p)] for p in prompts for _ in range(n)]
         lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
-        return SimpleNamespace(
-            texts=lambda tokenizer: list(texts), prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
-            sample_index=torch.arange(n).repeat(len(prompts)), completion_mask=torch.tensor([[1] * m for m in lengths]) if len(set(lengths)) == 1
-            else torch.nn.utils.rnn.pad_sequence([torch.ones(m) for m in lengths], batch_first=True), num_steps=None)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones(m) for m in lengths], batch_first=True)
+        return SimpleNamespace(texts=lambda tokenizer: list(texts), completion_mask=mask, num_steps=None,
+                               prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
+                               sample_index=torch.arange(n).repeat(len(prompts)))
 
 
 def _oracle(tok, names, template, corrupt=False):

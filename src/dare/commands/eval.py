@@ -90,7 +90,8 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler_for_model(cfg.sampler, model, cfg.model_block_length), mc_num=cfg.lm_eval.mc_num,
+    sampler = sampler_for_model(cfg.sampler, model, cfg.model_block_length)
+    lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler, mc_num=cfg.lm_eval.mc_num,
                 mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
                 batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length)
     tm = TaskManager(include_path=cfg.lm_eval.include_path) if cfg.lm_eval.include_path else TaskManager()

@@ -16,7 +16,8 @@ from .templates import TEMPLATES, Prompt, Template, get_template, register_templ
 
 __all__ = [
     "DataConfig", "LAYOUTS", "register_layout", "iter_examples", "load_examples", "PromptedExample", "build_prompts",
-    "build_sft_example", "encode_prompt", "render", "render_prompt", "uses_chat_template", "ASSETS", "DATASETS", "DatasetSpec", "HFSource",
+    "build_sft_example", "encode_prompt", "render", "render_prompt", "uses_chat_template", "ASSETS", "DATASETS",
+    "DatasetSpec", "HFSource",
     "get_dataset", "register_dataset", "TASKS", "BadRowPolicy", "DataError", "validate_example", "solve_countdown",
     "TEMPLATES", "Prompt", "Template", "get_template", "register_template",
 ]

@@ -102,8 +102,9 @@ def _csv(path: Path) -> Iterator[Record]:
             raise DataError(f"{path}: empty CSV (no header row)")
         for i, data in enumerate(reader):
             if None in data or any(v is None for v in data.values()):
-                raise DataError(f"{where(str(path), i, reader.line_num)}: row has {len([v for v in data.values() if v is not None]) + len(data.get(None, []))} "
-                                f"cells, the header has {len(reader.fieldnames)}")
+                cells = sum(v is not None for k, v in data.items() if k is not None) + len(data.get(None, []))
+                raise DataError(f"{where(str(path), i, reader.line_num)}: row has {cells} cells, "
+                                f"the header has {len(reader.fieldnames)}")
             yield Record(str(path), i, reader.line_num, dict(data))
 
 

@@ -26,11 +26,11 @@ log = logging.getLogger(__name__)
 class RunOptions:
     """Everything besides the model and the sampler that shapes an evaluation (see ``evaluate``)."""
     template: str = "reasoning"
-    templates: dict = dataclasses.field(default_factory=dict)  # benchmark -> template
+    templates: dict[str, str] = dataclasses.field(default_factory=dict)  # benchmark -> template
     system_prompt: Optional[str] = None
     chat_template: str = "auto"
     generation_prefix: Optional[str] = None
-    sampler_overrides: dict = dataclasses.field(default_factory=dict)  # benchmark -> {SamplerConfig field: value}
+    sampler_overrides: dict[str, dict] = dataclasses.field(default_factory=dict)  # benchmark -> {sampler field: value}
     limit: Optional[int] = None
     batch_size: int = 8
     n_samples: int = 1
@@ -138,6 +138,7 @@ def evaluate(model, tokenizer, benchmarks="all", sampler_config: Optional[Sample
     for bench in resolve_benchmarks(benchmarks):
         summary = run_benchmark(model, tokenizer, bench, cfg, opt, out, model_name)
         results["benchmarks"][bench.name] = summary
-        log.info("%s %s: %.1f (%s over %d examples)", model_name, bench.name, summary["score"], summary["metric"], summary["n_examples"])
+        log.info("%s %s: %.1f (%s over %d examples)", model_name, bench.name, summary["score"], summary["metric"],
+                 summary["n_examples"])
     write_results(results, out)
     return results
