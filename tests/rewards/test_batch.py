@@ -1,4 +1,6 @@
 """Registry and batch scoring: pooled workers, per-item timeouts, errors, weighted combinations."""
+import logging
+import os
 import threading
 import time
 
@@ -55,6 +57,17 @@ def test_pool_scores_and_is_reused(pool):
     assert len(first) <= 2 and first == second  # the same two worker processes serve both batches
     results = pool.map([(helpers.length, "abc", {}), (get_reward("math"), "\\boxed{5}", MATH)], timeout=30)
     assert results == [RewardResult(3.0), RewardResult(1.0)]
+
+
+def test_pool_shuts_down_cleanly():
+    pool = RewardPool(workers=2)
+    pids = {int(r.score) for r in pool.map([(helpers.worker_pid, "", {})] * 4, timeout=60)}
+    assert pids and os.getpid() not in pids
+    pool.close()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.map([(helpers.length, "", {})], timeout=5)
 
 
 def test_timeout_gives_zero_and_the_pool_recovers(pool):
@@ -114,8 +127,10 @@ def test_score_batch_auto_mixes_tasks_and_sandboxed_code():
     assert "no default reward for task 'poetry'" in results[4].reason
 
 
-def test_score_batch_inline_and_argument_checks():
-    assert score_batch("test_raises", ["a"], [MATH], workers=0) == [RewardResult(0.0, "error: ValueError: bad completion 'a'")]
+def test_score_batch_inline_and_argument_checks(caplog):
+    with caplog.at_level(logging.WARNING, logger="dare.rewards.batch"):
+        assert score_batch("test_raises", ["a"], [MATH], workers=0) == [RewardResult(0.0, "error: ValueError: bad completion 'a'")]
+    assert "1 of 1 items had a failed term (item 0: error: ValueError" in caplog.text
     assert score_batch(helpers.length, ["abcd"], [MATH], workers=0) == [RewardResult(4.0)]
     with pytest.raises(ValueError, match="2 completions but 1 examples"):
         score_batch("math", ["a", "b"], [MATH])

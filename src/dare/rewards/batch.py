@@ -134,10 +134,15 @@ class RewardPool:
                 while len(self._workers) < min(self.size, len(pending) + sum(w.item is not None for w in self._workers)):
                     self._spawn()
                 now = time.monotonic()
-                for worker in self._workers:
+                for worker in list(self._workers):
                     if worker.ready and worker.item is None and pending:
                         index = pending.pop()
-                        worker.conn.send((index, payloads[index]))
+                        try:
+                            worker.conn.send((index, payloads[index]))
+                        except OSError:  # the worker died while idle: retry the item elsewhere
+                            pending.append(index)
+                            self._discard(worker)
+                            continue
                         worker.item, worker.deadline = index, now + timeout
                 waits = [w.deadline if w.item is not None else w.started + STARTUP_TIMEOUT
                          for w in self._workers]
@@ -335,10 +340,11 @@ def score_batch(reward: RewardSpec, completions: Sequence[str], examples: Sequen
         scores[i] += weight * result.score
         if result.reason is not None:
             reasons[i].append(result.reason if terms_per_item[i] == 1 else f"{name}: {result.reason}")
-    out = []
-    for i in range(len(examples)):
-        reason = "; ".join(reasons[i]) or None
-        if reason is not None:
-            log.warning("reward for item %d scored 0 (%s)", i, reason)
-        out.append(RewardResult(scores[i], reason))
+    out = [RewardResult(scores[i], "; ".join(reasons[i]) or None) for i in range(len(examples))]
+    failed = [(i, r.reason) for i, r in enumerate(out) if r.reason is not None]
+    if failed:
+        # One line per batch (a training step may have many): counts and the first reason.
+        log.warning("rewards: %d of %d items had a failed term (item %d: %s)", len(failed), len(out), *failed[0])
+        for i, reason in failed:
+            log.debug("reward for item %d: %s", i, reason)
     return out

@@ -267,12 +267,12 @@ def _run(source: str, limits: SandboxLimits, isolation: str, drop_uid: bool) -> 
     python = _interpreter(drop_uid)
     if python is None:
         raise RuntimeError("no Python interpreter reachable by the sandbox uid (set DARE_SANDBOX_UID_BASE or run as non-root)")
-    slot = _UidSlot() if drop_uid else None
-    workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
     token = secrets.token_hex(16).encode()
     out_r = out_w = tok_r = tok_w = -1
-    proc = None
+    proc = slot = workdir = None
     try:
+        slot = _UidSlot() if drop_uid else None
+        workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
         program = os.path.join(workdir, "program.py")
         with open(program, "w", encoding="utf-8") as f:
             f.write(source)
@@ -313,7 +313,8 @@ def _run(source: str, limits: SandboxLimits, isolation: str, drop_uid: bool) -> 
                 os.close(fd)
         if slot is not None:
             slot.release()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _collect(proc: subprocess.Popen, out_r: int, tok_r: int, limits: SandboxLimits,
@@ -336,7 +337,9 @@ def _collect(proc: subprocess.Popen, out_r: int, tok_r: int, limits: SandboxLimi
     status = "done"
     try:
         exited = False
-        while open_streams:
+        # Until the program exited and both pipes are drained (a program may close its pipes and
+        # keep running, so closed pipes alone do not end the wait).
+        while open_streams or not exited:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 status = "timeout"
