@@ -365,8 +365,9 @@ def _collect(proc: subprocess.Popen, out_r: int, tok_r: int, limits: SandboxLimi
                     if len(output) > limits.max_output:
                         status = "output_limit"
                         del output[limits.max_output:]
-                        open_streams = 0
                         break
+            if status != "done":
+                break
             if pidfd is None and not exited and proc.poll() is not None:
                 exited = True
         if status != "done":
