@@ -26,11 +26,11 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 
-from ..diffusion.corruption import apply_mask, block_diffusion_inputs
+from ..diffusion.corruption import apply_mask
 from ..diffusion.logprob import score_targets
-from ..models import masks as attn_masks
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty, rl_view
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty
+from .views import prompt_completion_view
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -78,15 +78,9 @@ def elbo_view(ctx: StepContext, batch: Batch, masked: torch.Tensor, weight: torc
     noisy = apply_mask(comp, masked | ~valid, ctx.adapter.mask_token_id)
     info = dict(info or {})
     info["slot"] = torch.full((comp.shape[0],), slot, dtype=torch.long, device=comp.device)
-    view = rl_view(ctx, batch, noisy, targets, weight=weight * targets, info=info)
-    if not ctx.adapter.is_block_causal:
-        return view
-    # Block diffusion: noisy copy then clean copy, positions from the left padding; a noisy block sees itself and
-    # the clean earlier blocks (prompt included), so one forward scores every block given its clean prefix.
-    attn = view.attention_mask.bool()
-    ids, layout = block_diffusion_inputs(view.input_ids, view.labels, attn_masks.positions_from_padding(attn), attn,
-                                         packed=False)
-    return View(ids, view.targets, view.labels, view.weight, layout=layout, score_index=view.score_index, info=view.info)
+    # Block diffusion: the [x_t ; x_0] input, so one forward scores every block given its clean prefix.
+    return prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, noisy, targets, weight=weight * targets,
+                                  block_layout=ctx.adapter.is_block_causal, info=info)
 
 
 def view_sequence_logp(ctx: StepContext, model, view: View) -> torch.Tensor:
