@@ -114,8 +114,8 @@ def two_pass_backward(algo, ctx: StepContext, model, batch: Batch, iteration: in
         coef = grad if grad is not None else coef
     for v in views:
         c = coef.gather(1, v.info["slot"].to(coef.device)[:, None]).squeeze(1)
-        if bool((c != 0).any()):
-            (view_sequence_logp(ctx, model, v) * c).sum().backward()
+        # Always run the backward, even with c = 0: under FSDP every rank must issue the same collectives.
+        (view_sequence_logp(ctx, model, v) * c).sum().backward()
     out = {"loss": float(loss.detach())}
     out.update({k: float(x) for k, x in metrics.items()})
     return out
