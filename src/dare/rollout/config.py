@@ -2,7 +2,8 @@
 
 Field names are the public API (they mirror the reference samplers' parameters; see
 docs/samplers.md for the mapping). Validation that does not depend on the model happens here;
-checks that need the model (a cache kind its attention cannot use) happen in ``generate``.
+checks that need the model (a cache kind its attention cannot use, gen_length vs block_length for
+masked models) happen in ``dare.rollout.generate``.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Optional
 
 REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin", "static", "dynamic", "sequential")
 CACHES = ("none", "prefix", "dual", "block")
+SCHEDULES = ("even", "ass")
 
 
 @dataclass
@@ -18,7 +20,7 @@ class SamplerConfig:
     gen_length: int = 256
     block_length: int = 32
     # At most one of: total steps split evenly over blocks (LLaDA), or steps per block (block diffusion).
-    # Neither = steps = gen_length.
+    # Neither = steps = gen_length (one token per step).
     steps: Optional[int] = None
     steps_per_block: Optional[int] = None
     temperature: float = 0.0
@@ -37,6 +39,25 @@ class SamplerConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     suppress_eos_confidence: bool = False
     record_trajectory: bool = False
+    # --- additions (see docs/samplers.md) ---------------------------------------------------------
+    # After each finished block, finish rows whose completion already holds a stop token. This never
+    # changes a completion (finished blocks are final); False decodes every block like the LLaDA/Dream
+    # references, True is what the SDAR (stopping criteria) and LLaDA2.0 references do.
+    block_stop: bool = True
+    # LLaDA2.1 editing: masks committed per step when fewer than that pass `threshold`.
+    num_to_transfer: int = 1
+    # LLaDA2.0: steps per block are capped at gen_length // minimal_topk.
+    minimal_topk: int = 1
+    # MDPO running-confidence remasking: fill every mask each step, re-mask the lowest running confidences.
+    rcr: bool = False
+    # Tokens per step: "even" (LLaDA split; Dream's algorithms use their eps time grid), or CJ-GRPO's
+    # ascending step size "ass" (step i commits 2^i tokens, floor(log2 block) steps per block).
+    schedule: str = "even"
+    # CJ-GRPO EOS early rejection: the confidence of a predicted stop token is scaled by gamma(step),
+    # rising from eoser_gamma_min at step 0 to eoser_gamma_max.
+    eoser: bool = False
+    eoser_gamma_min: float = 0.01
+    eoser_gamma_max: float = 1.0
 
     def __post_init__(self):
         if self.gen_length <= 0:
@@ -47,13 +68,66 @@ class SamplerConfig:
             raise ValueError("set only one of steps (total, split over blocks) or steps_per_block")
         if self.steps is None and self.steps_per_block is None:
             self.steps = self.gen_length  # one token per step: the quality setting of every reference
+        for name in ("steps", "steps_per_block"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking={self.remasking!r} is not one of {', '.join(REMASKING)}")
         if self.cache not in CACHES:
             raise ValueError(f"cache={self.cache!r} is not one of {', '.join(CACHES)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.editing_threshold is not None and not 0.0 <= self.editing_threshold <= 1.0:
+            raise ValueError(f"editing_threshold must be in [0, 1], got {self.editing_threshold}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.factor is not None and self.factor <= 0:
+            raise ValueError(f"factor must be positive, got {self.factor}")
+        if self.alg_temp is not None and self.alg_temp < 0:
+            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp}")
+        if not 0.0 < self.eps < 1.0:
+            raise ValueError(f"eps must be in (0, 1), got {self.eps}")
+        if self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        if self.max_post_steps < 0:
+            raise ValueError(f"max_post_steps must be >= 0, got {self.max_post_steps}")
+        if self.num_to_transfer < 1:
+            raise ValueError(f"num_to_transfer must be >= 1, got {self.num_to_transfer}")
+        if self.minimal_topk < 1:
+            raise ValueError(f"minimal_topk must be >= 1, got {self.minimal_topk}")
+        if not 0.0 <= self.eoser_gamma_min <= self.eoser_gamma_max:
+            raise ValueError(f"need 0 <= eoser_gamma_min <= eoser_gamma_max, got {self.eoser_gamma_min}, {self.eoser_gamma_max}")
+        if self.threshold is not None and self.factor is not None:
+            raise ValueError("set only one of threshold (confidence-threshold decoding) or factor (factor decoding)")
+        if self.remasking == "dynamic" and self.threshold is None:
+            raise ValueError("remasking='dynamic' needs a threshold")
+        if self.remasking in ("static", "sequential") and (self.threshold is not None or self.factor is not None):
+            raise ValueError(f"remasking={self.remasking!r} commits a fixed number of tokens per step; "
+                             f"threshold/factor need remasking='dynamic' or 'low_confidence'")
+        if self.remasking == "origin" and (self.threshold is not None or self.factor is not None or self.rcr):
+            raise ValueError("remasking='origin' (Dream's random-time unmasking) cannot be combined with threshold, factor or rcr")
+        if self.rcr and (self.threshold is not None or self.factor is not None or self.editing_threshold is not None):
+            raise ValueError("rcr (running-confidence remasking) needs the fixed step schedule: unset threshold, factor and editing_threshold")
+        if self.rcr and self.eos_early_stop:
+            raise ValueError("rcr can re-mask committed tokens, so eos_early_stop cannot be used with it")
+        if self.editing_threshold is not None and self.threshold is None:
+            raise ValueError("editing_threshold (LLaDA2.1 token editing) needs threshold (the mask-to-token threshold)")
+        if self.editing_threshold is not None and (self.factor is not None or self.schedule != "even"):
+            raise ValueError("editing_threshold (LLaDA2.1 token editing) uses threshold + num_to_transfer; unset factor and schedule")
+
+    # --- derived values ---------------------------------------------------------------------------
+    @property
+    def editing(self) -> bool:
+        return self.editing_threshold is not None
+
+    @property
+    def parallel(self) -> bool:
+        """True when the number of tokens per step is decided by confidences, not by the schedule."""
+        return self.threshold is not None or self.factor is not None or self.editing

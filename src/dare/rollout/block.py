@@ -1,0 +1,222 @@
+"""Block-diffusion sampler for block-causal models (SDAR, SDAR-MoE, LLaDA2.0, LLaDA2.1).
+
+Blocks are absolute: block j covers positions [jB, (j+1)B) of each row's own sequence, so the first
+decoded block may hold the prompt's tail (never changed). To batch prompts of different lengths the
+buffer is laid out so that every row's block boundaries fall on the same buffer columns: row r gets
+``B * (K - p_r // B)`` padding columns in front (K = max_r p_r // B) and starts decoding at column block K.
+Rows then decode the same column block in lock step; a row ends after its last block
+(``ceil((p_r + G) / B)``, as the references) or when it stops.
+
+Attention is block-causal over absolute positions with the *sampler's* block length (the references build
+the mask from ``block_length``). ``cache="block"`` is exact: finished blocks' keys/values are stored once
+(prefill, then one forward per finished block) and each step feeds only the current block. ``cache="none"``
+recomputes ``x[:, :block_end]`` every step, as LLaDA2's HF ``generate`` does.
+
+Per block: ``static`` commits the top k_s of the schedule (B split evenly over the steps), ``dynamic``
+commits {p > threshold} if it has >= k_s members else the top k_s, ``sequential`` the leftmost k_s masks.
+LLaDA2.1 editing (``editing_threshold``) also rewrites committed, non-prompt tokens whose prediction
+changed with p > editing_threshold, and runs up to ``max_post_steps`` editing passes once the block has no
+mask left. Unlike the SDAR reference, a step never commits more tokens than there are masks (its top-k
+overflow rewrites prompt tokens).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import schedule as sched
+from .config import SamplerConfig
+from .selection import REMASKINGS, propose, scale_stops, select_dynamic, select_factor, select_top, suppress_stops
+from .state import DecodeState, PromptBatch
+
+
+def block_schedule(cfg: SamplerConfig) -> torch.Tensor:
+    """Per-step commit counts within one block (over the block length, as SDAR and LLaDA2)."""
+    B, G = cfg.block_length, cfg.gen_length
+    if cfg.schedule == "ass":
+        return sched.ass_split(B)
+    if cfg.steps_per_block is not None:
+        spb = cfg.steps_per_block
+    else:
+        if G % B or cfg.steps % (G // B):
+            raise ValueError(f"steps={cfg.steps} (total) cannot be split over blocks of block_length={B} for "
+                             f"gen_length={G}; set steps_per_block for block-diffusion models")
+        spb = cfg.steps // (G // B)
+    spb = min(spb, max(1, G // cfg.minimal_topk))  # LLaDA2.0's cap
+    if spb > B:
+        raise ValueError(f"steps_per_block={spb} exceeds block_length={B}: some steps would commit nothing")
+    return sched.even_split(torch.tensor([B]), spb)[0]
+
+
+def build_block_state(batch: PromptBatch, cfg: SamplerConfig, mask_id: int, pad_id: int, stop_ids, gens, record):
+    B, G = cfg.block_length, cfg.gen_length
+    p = batch.lengths
+    dev = batch.ids.device
+    first = p // B  # absolute block holding the first generated position
+    K = int(first.max())
+    nblk = (p + G + B - 1) // B - first
+    pad = B * (K - first)
+    W = B * (K + int(nblk.max()))
+    rel = torch.arange(W, device=dev)[None] - pad[:, None]  # absolute position of every buffer column
+    end = (first + nblk) * B
+    valid = (rel >= 0) & (rel < end[:, None])
+    is_prompt = (rel >= 0) & (rel < p[:, None])
+    x = torch.full((p.shape[0], W), pad_id, dtype=torch.long, device=dev)
+    x[valid] = mask_id
+    x[is_prompt] = batch.ids[batch.mask]  # row-major order on both sides
+    st = DecodeState(x, valid, rel.clamp_min(0), is_prompt, pad + p, G, mask_id, stop_ids, gens, record)
+    st.first_block = K
+    st.last_block = K + nblk - 1  # last column block of every row
+    return st
+
+
+class BlockForward:
+    def __init__(self, model, st: DecodeState, cfg: SamplerConfig):
+        self.model, self.st, self.B = model, st, cfg.block_length
+        self.use_cache = cfg.cache == "block"
+        self.cache = model.new_cache(st.x.shape[1]) if self.use_cache else None
+        self.rows = None  # global row ids held by the cache, in cache order
+
+    def _mask(self, rows, q0: int, q1: int, k1: int) -> torch.Tensor:
+        """Block-causal bool mask [n, 1, q, k] over absolute positions; padding keys hidden. Padding queries
+        see themselves, so their (unused) states stay finite and never put NaN into the cache."""
+        st, B = self.st, self.B
+        qb = st.pos[rows, q0:q1] // B
+        kb = st.pos[rows, :k1] // B
+        allowed = st.valid[rows, None, :k1] & (kb[:, None, :] <= qb[:, :, None])
+        diag = torch.arange(q0, q1, device=qb.device)[:, None] == torch.arange(k1, device=qb.device)[None, :]
+        return (allowed | diag)[:, None]
+
+    def prefill(self, rows, c_end: int) -> None:
+        st = self.st
+        self.model(st.x[rows, :c_end], attention_mask=self._mask(rows, 0, c_end, c_end),
+                   position_ids=st.pos[rows, :c_end], past_key_values=self.cache, store_kv=True, compute_logits=False)
+        self.rows = rows
+
+    def keep(self, rows) -> None:
+        """Drop cache rows that are no longer decoded."""
+        if self.rows is None:
+            self.rows = rows
+            return
+        if rows.numel() != self.rows.numel():
+            self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
+            self.rows = rows
+
+    def logits(self, rows, c0: int, c1: int) -> torch.Tensor:
+        st = self.st
+        n = rows.numel()
+        if self.use_cache:
+            out = self.model(st.x[rows, c0:c1], attention_mask=self._mask(rows, c0, c1, c1),
+                             position_ids=st.pos[rows, c0:c1], past_key_values=self.cache, kv_start=c0)
+        else:
+            want = torch.zeros((n, c1), dtype=torch.bool, device=st.x.device)
+            want[:, c0:c1] = True
+            out = self.model(st.x[rows, :c1], attention_mask=self._mask(rows, 0, c1, c1),
+                             position_ids=st.pos[rows, :c1], logits_rows=want)
+        return out.logits.float().view(n, c1 - c0, -1)
+
+    def commit(self, rows, c0: int, c1: int) -> None:
+        st = self.st
+        self.model(st.x[rows, c0:c1], attention_mask=self._mask(rows, c0, c1, c1), position_ids=st.pos[rows, c0:c1],
+                   past_key_values=self.cache, kv_start=c0, store_kv=True, compute_logits=False)
+
+
+def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
+    if model.adapter.shift_logits:
+        raise ValueError("block decoding of shifted-logit models is not supported")
+    remask = REMASKINGS[cfg.remasking]
+    counts = None if cfg.editing else block_schedule(cfg).to(st.x.device)
+    B = cfg.block_length
+    fwd = BlockForward(model, st, cfg)
+    K = st.first_block
+    if fwd.use_cache and K > 0:
+        fwd.prefill(st.active(), K * B)
+        st.nfe += 1
+    n_col_blocks = st.x.shape[1] // B
+    for cb in range(K, n_col_blocks):
+        act = st.active()
+        if act.numel() == 0:
+            break
+        c0, c1 = cb * B, (cb + 1) * B
+        if fwd.use_cache:
+            fwd.keep(act)
+        if cfg.editing:
+            _editing_block(fwd, st, cfg, remask, act, c0, c1)
+        else:
+            _standard_block(fwd, st, cfg, remask, counts, act, c0, c1)
+        if cfg.block_stop or (cfg.editing and cfg.eos_early_stop):
+            st.finish_rows_with_stop(act, final_only=False)
+        st.finished[act[st.last_block[act] == cb]] = True
+        nxt = st.active()
+        if fwd.use_cache and nxt.numel() > 0:  # store the finished block for the rows that go on
+            fwd.keep(nxt)
+            fwd.commit(nxt, c0, c1)
+            st.nfe += 1
+    st.finished[:] = True
+
+
+def _propose(st, cfg, remask, rows, logits, total_steps):
+    cand = propose(logits, remask, cfg.temperature, cfg.top_k, cfg.top_p, st.row_gens(rows), masked_model=False)
+    score = cand.score
+    if cfg.suppress_eos_confidence:
+        score = suppress_stops(score, cand.x0, st.stop_ids)
+    if cfg.eoser:
+        gamma = sched.eoser_gamma(st.row_steps[rows], total_steps, cfg.eoser_gamma_min, cfg.eoser_gamma_max, cfg.schedule)
+        score = scale_stops(score, cand.x0, st.stop_ids, gamma.to(score.device))
+    return cand.x0, score
+
+
+def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1) -> None:
+    spb = counts.numel()
+    total_steps = spb * int(st.last_block.max() - st.first_block + 1)
+    dynamic = remask.rule == "dynamic" or cfg.threshold is not None  # block references' only threshold rule
+    i = 0
+    while True:
+        open_ = (st.x[act, c0:c1] == st.mask_id).any(1) & ~st.finished[act]
+        if not bool(open_.any()):
+            break
+        rows = act[open_]
+        logits = fwd.logits(act, c0, c1)[open_] if fwd.use_cache else fwd.logits(rows, c0, c1)
+        st.nfe += 1
+        cur = st.x[rows, c0:c1]
+        eligible = cur == st.mask_id
+        x0, score = _propose(st, cfg, remask, rows, logits, total_steps)
+        k = counts[min(i, spb - 1)].expand(rows.numel())
+        if cfg.factor is not None:
+            sel = select_factor(score, eligible, cfg.factor)
+        elif dynamic:
+            sel = select_dynamic(score, eligible, cfg.threshold, k)
+        else:  # static / sequential (position score) / random (uniform score)
+            sel = select_top(score, eligible, k)
+        st.commit(rows, c0, torch.where(sel, x0, cur), sel, x0=x0, score=score, predicted=eligible)
+        if cfg.eos_early_stop:
+            st.finish_rows_with_stop(rows, final_only=True)
+        i += 1
+
+
+def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
+    """LLaDA2.1: mask-to-token (threshold, at least num_to_transfer) plus token-to-token edits."""
+    n = act.numel()
+    post = torch.zeros(n, dtype=torch.long, device=st.x.device)
+    done = st.finished[act].clone()
+    prompt = st.is_prompt[act, c0:c1]
+    k_min = torch.full((n,), cfg.num_to_transfer, dtype=torch.long, device=st.x.device)
+    while True:
+        cur_all = st.x[act, c0:c1]
+        had_mask = (cur_all == st.mask_id).any(1)
+        post += (~had_mask & ~done).long()
+        done |= post > cfg.max_post_steps
+        run = ~done
+        if not bool(run.any()):
+            break
+        rows = act[run]
+        logits = fwd.logits(act, c0, c1)[run] if fwd.use_cache else fwd.logits(rows, c0, c1)
+        st.nfe += 1
+        cur = cur_all[run]
+        eligible = cur == st.mask_id
+        x0, score = _propose(st, cfg, remask, rows, logits, 1)
+        unmask = select_dynamic(score, eligible, cfg.threshold, k_min[run]) & eligible
+        edit = ~eligible & ~prompt[run] & (score > cfg.editing_threshold) & (x0 != cur)
+        written = unmask | edit
+        st.commit(rows, c0, torch.where(written, x0, cur), written, x0=x0, score=score, predicted=~prompt[run])
+        settled = ~had_mask[run] & ~edit.any(1)
+        done[run] = settled

@@ -1,0 +1,211 @@
+"""Masked-diffusion sampler for bidirectional models (LLaDA, LLaDA-MoE, Dream).
+
+Semi-autoregressive blocks start at the end of the (left-padded) prompt, as in LLaDA's ``generate``;
+one block spanning the whole completion is Dream's ``diffusion_generate``. Per block the rows advance
+in lock step: a row whose block is finished waits (its state does not change, so its result is the same
+as when it runs alone) and rows that are finished leave the batch at the next block.
+
+Caches (Fast-dLLM, approximate for bidirectional attention):
+
+* ``none``   every step runs the whole sequence (rows whose block is done are left out of the forward);
+* ``prefix`` a full forward at each block start refreshes all keys/values and commits that step; later steps
+  feed ``x[block_start:]`` against the cached prefix;
+* ``dual``   the same refresh, then later steps feed only the block (its slots overwritten in place).
+
+For shifted-logit models (Dream) the prediction for the block's first position comes from the previous
+position, so cached steps feed one extra token in front of the block.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import schedule as sched
+from .config import SamplerConfig
+from .selection import (REMASKINGS, propose, ranks, scale_stops, select_dynamic, select_factor, select_sampled,
+                        select_threshold, select_top, suppress_stops)
+from .state import DecodeState, PromptBatch
+
+
+def masked_steps(cfg: SamplerConfig) -> tuple[int, int]:
+    """(number of blocks, steps per block) for a masked model, with errors naming the parameter."""
+    G, BL = cfg.gen_length, cfg.block_length
+    if G % BL:
+        raise ValueError(f"gen_length={G} must be a multiple of block_length={BL} for masked-diffusion models "
+                         f"(blocks start at the end of the prompt)")
+    nb = G // BL
+    if cfg.schedule == "ass":
+        spb = sched.ass_num_steps(BL)
+        if cfg.steps_per_block not in (None, spb) or (cfg.steps_per_block is None and cfg.steps not in (G, spb * nb)):
+            raise ValueError(f"schedule='ass' takes floor(log2 block_length)={spb} steps per block; "
+                             f"leave steps unset or set steps={spb * nb}")
+        return nb, spb
+    if cfg.steps_per_block is not None:
+        return nb, cfg.steps_per_block
+    if cfg.steps % nb:
+        raise ValueError(f"steps={cfg.steps} must be divisible by the number of blocks gen_length/block_length={nb}")
+    return nb, cfg.steps // nb
+
+
+def build_masked_state(batch: PromptBatch, cfg: SamplerConfig, mask_id: int, stop_ids, gens, record) -> DecodeState:
+    N, P = batch.ids.shape
+    G = cfg.gen_length
+    dev = batch.ids.device
+    x = torch.cat([batch.ids, torch.full((N, G), mask_id, dtype=torch.long, device=dev)], dim=1)
+    valid = torch.cat([batch.mask, torch.ones((N, G), dtype=torch.bool, device=dev)], dim=1)
+    pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # left padding is exact: a padded row equals its own run
+    is_prompt = torch.cat([batch.mask, torch.zeros((N, G), dtype=torch.bool, device=dev)], dim=1)
+    gen_start = torch.full((N,), P, dtype=torch.long, device=dev)
+    return DecodeState(x, valid, pos, is_prompt, gen_start, G, mask_id, stop_ids, gens, record)
+
+
+class MaskedForward:
+    """Model calls of one cache mode; returns prediction-aligned logits [n, BL, V] of the block rows."""
+
+    def __init__(self, model, st: DecodeState, cfg: SamplerConfig):
+        self.model, self.st, self.kind, self.cfg_scale = model, st, cfg.cache, cfg.cfg_scale
+        self.shift = 1 if model.adapter.shift_logits else 0
+        self.all_valid = bool(st.valid.all())
+        self.cache = None
+
+    def _call(self, rows, f0: int, f1: int, c0: int, c1: int, **kw) -> torch.Tensor:
+        st = self.st
+        ids, valid, pos = st.x[rows, f0:f1], st.valid[rows], st.pos[rows, f0:f1]
+        n = ids.shape[0]
+        if self.cfg_scale > 0:  # unconditional branch: prompt tokens masked, run in the same batch
+            un = ids.masked_fill(st.is_prompt[rows, f0:f1], st.mask_id)
+            ids, valid, pos = torch.cat([ids, un]), torch.cat([valid, valid]), torch.cat([pos, pos])
+        want = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        want[:, c0 - self.shift - f0:c1 - self.shift - f0] = True
+        out = self.model(ids, attention_mask=None if self.all_valid else valid, position_ids=pos,
+                         logits_rows=want, **kw).logits.float()
+        logits = out.view(ids.shape[0], c1 - c0, -1)
+        if self.cfg_scale > 0:
+            cond, uncond = logits[:n], logits[n:]
+            logits = uncond + (self.cfg_scale + 1) * (cond - uncond)
+        return logits
+
+    def full(self, rows, c0: int, c1: int) -> torch.Tensor:
+        return self._call(rows, 0, self.st.x.shape[1], c0, c1)
+
+    def refresh(self, rows, c0: int, c1: int) -> torch.Tensor:
+        """Full forward that (re)builds the cache of every position, then keeps what the mode needs."""
+        W = self.st.x.shape[1]
+        self.cache = self.model.new_cache(W)
+        logits = self._call(rows, 0, W, c0, c1, past_key_values=self.cache, store_kv=True)
+        if self.kind == "prefix":
+            self.cache.crop(c0 - self.shift)
+        return logits
+
+    def step(self, rows, c0: int, c1: int) -> torch.Tensor:
+        f0 = c0 - self.shift
+        if self.kind == "prefix":
+            return self._call(rows, f0, self.st.x.shape[1], c0, c1, past_key_values=self.cache)
+        return self._call(rows, f0, c1, c0, c1, past_key_values=self.cache, kv_start=f0)
+
+
+def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
+    remask = REMASKINGS[cfg.remasking]
+    nb, spb = masked_steps(cfg)
+    total_steps = nb * spb
+    fwd = MaskedForward(model, st, cfg)
+    cached = cfg.cache in ("prefix", "dual")
+    P, BL, mask_id = int(st.gen_start[0]), cfg.block_length, st.mask_id
+    grid = sched.time_grid(spb, cfg.eps, device=st.x.device)
+    for b in range(nb):
+        act = st.active()
+        if act.numel() == 0:
+            break
+        c0, c1 = P + b * BL, P + (b + 1) * BL
+        masks0 = (st.x[act, c0:c1] == mask_id).sum(1)
+        if cfg.schedule == "ass":
+            counts = sched.ass_split(BL, device=st.x.device).expand(act.numel(), -1)
+        elif remask.time_grid:
+            counts = sched.time_grid_split(masks0, spb, cfg.eps)
+        else:
+            counts = sched.even_split(masks0, spb)
+        run_conf = torch.zeros((act.numel(), BL), dtype=torch.float64, device=st.x.device)
+        i = 0
+        while True:
+            open_ = (st.x[act, c0:c1] == mask_id).any(1) & ~st.finished[act]
+            if not bool(open_.any()):
+                break
+            if cached:  # the cache holds every active row: all of them run, the open ones are used
+                logits = (fwd.refresh if i == 0 else fwd.step)(act, c0, c1)[open_]
+            else:
+                logits = fwd.full(act[open_], c0, c1)
+            st.nfe += 1
+            rows = act[open_]
+            step_i = min(i, spb - 1)
+            ctx = _StepContext(cfg, remask, st, rows, c0, step_i, spb, total_steps, grid)
+            new_conf = _decide(ctx, logits, counts[open_], run_conf[open_])
+            if new_conf is not None:
+                run_conf[open_] = new_conf
+            if cfg.eos_early_stop:
+                st.finish_rows_with_stop(rows, final_only=True)
+            i += 1
+        if cfg.block_stop:
+            st.finish_rows_with_stop(act, final_only=False)
+    st.finished[:] = True
+
+
+class _StepContext:
+    def __init__(self, cfg, remask, st, rows, c0, step_i, spb, total_steps, grid):
+        self.cfg, self.remask, self.st, self.rows, self.c0 = cfg, remask, st, rows, c0
+        self.i, self.spb, self.total_steps, self.grid = step_i, spb, total_steps, grid
+
+
+def _decide(ctx: _StepContext, logits: torch.Tensor, counts: torch.Tensor, run_conf: torch.Tensor) -> Optional[torch.Tensor]:
+    """Choose and commit this step's tokens for ``ctx.rows``; returns the new running confidences (RCR)."""
+    cfg, st, rows, c0 = ctx.cfg, ctx.st, ctx.rows, ctx.c0
+    BL = logits.shape[1]
+    cur = st.x[rows, c0:c0 + BL]
+    eligible = cur == st.mask_id
+    gens = st.row_gens(rows)
+    cand = propose(logits, ctx.remask, cfg.temperature, cfg.top_k, cfg.top_p, gens, masked_model=True)
+    score = cand.score
+    if cfg.suppress_eos_confidence:
+        score = suppress_stops(score, cand.x0, st.stop_ids)
+    if cfg.eoser:
+        gamma = sched.eoser_gamma(st.row_steps[rows], ctx.total_steps, cfg.eoser_gamma_min, cfg.eoser_gamma_max, cfg.schedule)
+        score = scale_stops(score, cand.x0, st.stop_ids, gamma.to(score.device))
+    k = counts[:, ctx.i]
+    if cfg.rcr:
+        return _rcr_commit(ctx, cur, eligible, cand.x0, score, counts, run_conf)
+    if ctx.remask.score == "origin":
+        # Dream "origin": every mask moves independently with probability 1 - s/t (all on the last step).
+        t, s = ctx.grid[ctx.i], ctx.grid[ctx.i + 1]
+        p_move = (1 - s / t) if ctx.i < ctx.spb - 1 else torch.ones((), device=logits.device)
+        u = torch.stack([torch.rand(BL, generator=g, device=logits.device) for g in gens])
+        sel = eligible & (u < p_move)
+    elif cfg.factor is not None:
+        sel = select_factor(score, eligible, cfg.factor)
+    elif ctx.remask.rule == "dynamic":
+        sel = select_dynamic(score, eligible, cfg.threshold, k)
+    elif cfg.threshold is not None:
+        sel = select_threshold(score, eligible, cfg.threshold)
+    elif cfg.alg_temp:
+        sel = select_sampled(score, eligible, k, cfg.alg_temp, gens)
+    else:
+        sel = select_top(score, eligible, k)
+    st.commit(rows, c0, torch.where(sel, cand.x0, cur), sel, x0=cand.x0, score=score, predicted=eligible)
+    return None
+
+
+def _rcr_commit(ctx, cur, eligible, x0, score, counts, run_conf) -> torch.Tensor:
+    """MDPO running-confidence remasking: fill every mask, remember each fill's confidence, then re-mask the
+    generated positions of the block with the lowest running confidence so that exactly the schedule's
+    cumulative count stays unmasked. (The reference ranks the whole sequence; here earlier, finished
+    blocks are final, so only the current block is ranked.)"""
+    st, rows, c0 = ctx.st, ctx.rows, ctx.c0
+    BL = cur.shape[1]
+    filled = torch.where(eligible, x0, cur)
+    run = torch.where(eligible, score.double(), run_conf)
+    remaining = counts[:, ctx.i + 1:].sum(1)
+    generated = ~st.is_prompt[rows, c0:c0 + BL]
+    low = ranks(run.masked_fill(~generated, float("inf")), descending=False) < remaining[:, None]
+    remask = generated & low
+    new = filled.masked_fill(remask, st.mask_id)
+    st.commit(rows, c0, new, eligible & ~remask, x0=filled, score=run, predicted=generated)
+    return run

@@ -1,0 +1,207 @@
+"""Per-step token choice: sample candidates x0, score them, and decide which positions to commit.
+
+Everything works on one block of R rows at a time: ``logits [R, L, V]`` (already aligned with the
+positions they predict), ``eligible [R, L]`` (masked positions of the current block). Random draws use
+one ``torch.Generator`` per row, so a row's draws never depend on the other rows in the batch.
+
+A remasking strategy is a registry entry (``REMASKINGS``), not a branch on a name: it says how to
+score a candidate, which count schedule a masked model uses, and which sampling convention applies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Remasking:
+    name: str
+    # prob: p(x0) | margin: p1 - p2 | neg_entropy: sum p log p | uniform: U(0,1) | position: leftmost first
+    # | origin: Dream's random-time unmasking (no score; each mask moves with probability 1 - s/t)
+    score: str
+    # Masked models: Dream's eps time grid decides the per-step count instead of LLaDA's even split.
+    time_grid: bool = False
+    # Masked models: LLaDA's float64 Gumbel-max sampling with confidences from the float64 softmax of the
+    # untempered logits (Fast-dLLM). Otherwise the categorical convention of Dream / SDAR / LLaDA2:
+    # logits / T, top-k / top-p, float32 softmax, confidence = p(x0) under those probabilities.
+    gumbel64: bool = False
+    # "fixed": count from the schedule; "dynamic": {p > threshold} if it has >= k members, else top-k.
+    rule: str = "fixed"
+    block_models: bool = True  # usable by the block-diffusion sampler
+    prob_like: bool = True  # score is a probability-like value >= 0 (EOSER can scale it)
+
+
+REMASKINGS: dict[str, Remasking] = {}
+
+
+def register_remasking(r: Remasking) -> Remasking:
+    REMASKINGS[r.name] = r
+    return r
+
+
+for _r in (
+    Remasking("low_confidence", "prob", gumbel64=True),
+    Remasking("random", "uniform", gumbel64=True),
+    Remasking("maskgit_plus", "prob", time_grid=True),
+    Remasking("topk_margin", "margin", time_grid=True),
+    Remasking("entropy", "neg_entropy", time_grid=True, prob_like=False),
+    Remasking("origin", "origin", time_grid=True, block_models=False),
+    Remasking("static", "prob"),
+    Remasking("dynamic", "prob", rule="dynamic"),
+    Remasking("sequential", "position", prob_like=False),
+):
+    register_remasking(_r)
+
+
+# --- logits filters and sampling -------------------------------------------------------------------
+def filter_logits(logits: torch.Tensor, top_k: Optional[int], top_p: Optional[float]) -> torch.Tensor:
+    """Top-k then nucleus filtering (filtered entries get -inf); a no-op when both are off."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum > top_p
+        drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
+        drop[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def _per_row_uniform(gens: Sequence[torch.Generator], shape, dtype, device) -> torch.Tensor:
+    return torch.stack([torch.rand(shape, generator=g, dtype=dtype, device=device) for g in gens])
+
+
+def _categorical(probs: torch.Tensor, gens: Sequence[torch.Generator]) -> torch.Tensor:
+    """One sample per position from ``probs [R, L, V]``, each row with its own generator."""
+    R, L, V = probs.shape
+    return torch.stack([torch.multinomial(probs[r], 1, generator=gens[r]).view(L) for r in range(R)])
+
+
+@dataclass
+class Candidates:
+    x0: torch.Tensor  # [R, L] candidate tokens
+    score: torch.Tensor  # [R, L] confidence used for ranking (float32 or float64)
+
+
+def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, top_p,
+            gens: Optional[Sequence[torch.Generator]], masked_model: bool) -> Candidates:
+    """Candidate tokens and their scores for every position of the block."""
+    logits = logits.float()
+    if masked_model and remask.gumbel64:
+        filt = filter_logits(logits, top_k, top_p)
+        if temperature > 0:
+            # LLaDA: argmax exp(l) / (-log u)^T in float64 == a sample from softmax(l / T).
+            u = _per_row_uniform(gens, logits.shape[1:], torch.float64, logits.device)
+            x0 = (filt.double().exp() / (-torch.log(u)) ** temperature).argmax(-1)
+        else:
+            x0 = filt.argmax(-1)
+        if remask.score == "uniform":
+            score = _per_row_uniform(gens, x0.shape[1:], torch.float32, x0.device)
+        else:
+            score = filt.double().softmax(-1).gather(-1, x0[..., None]).squeeze(-1)
+        return Candidates(x0, score)
+    scaled = logits / temperature if temperature > 0 else logits
+    filt = filter_logits(scaled, top_k, top_p)
+    probs = filt.softmax(-1)
+    x0 = _categorical(probs, gens) if temperature > 0 else filt.argmax(-1)
+    if remask.score == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        score = top2[..., 0] - top2[..., 1]
+    elif remask.score == "neg_entropy":
+        score = (probs * torch.log(probs + 1e-10)).sum(-1)
+    elif remask.score == "uniform":
+        score = _per_row_uniform(gens, x0.shape[1:], torch.float32, x0.device)
+    elif remask.score == "position":
+        L = x0.shape[1]
+        score = -torch.arange(L, dtype=torch.float32, device=x0.device).expand(x0.shape)
+    else:  # prob (and origin, which only needs x0)
+        score = probs.gather(-1, x0[..., None]).squeeze(-1)
+    return Candidates(x0, score)
+
+
+# --- confidence adjustments ------------------------------------------------------------------------
+def is_stop(tokens: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+    return torch.isin(tokens, stop_ids)
+
+
+def suppress_stops(score: torch.Tensor, x0: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+    """Predicted stop tokens rank last among the eligible positions (LLaDA's eos/eot confidence -inf fix).
+
+    The lowest finite value, not -inf: -inf marks non-eligible positions, which must never be picked.
+    """
+    return score.masked_fill(is_stop(x0, stop_ids), torch.finfo(score.dtype).min)
+
+
+def scale_stops(score: torch.Tensor, x0: torch.Tensor, stop_ids: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """EOSER: the confidence of a predicted stop token times gamma [R] (per row: its own global step)."""
+    g = gamma.to(score.dtype)[:, None].expand_as(score)
+    return torch.where(is_stop(x0, stop_ids), score * g, score)
+
+
+# --- selection rules --------------------------------------------------------------------------------
+def masked_score(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    return score.masked_fill(~eligible, float("-inf"))
+
+
+def ranks(score: torch.Tensor, descending: bool = True) -> torch.Tensor:
+    """Rank of every position (0 = best); ties keep index order."""
+    order = score.argsort(dim=-1, descending=descending, stable=True)
+    r = torch.empty_like(order)
+    r.scatter_(-1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
+    return r
+
+
+def select_top(score: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The min(k, #eligible) best eligible positions per row (never a non-eligible one)."""
+    k = torch.minimum(k, eligible.sum(-1))
+    return eligible & (ranks(masked_score(score, eligible)) < k[:, None])
+
+
+def select_threshold(score: torch.Tensor, eligible: torch.Tensor, tau: float) -> torch.Tensor:
+    """Fast-dLLM: every eligible position with confidence >= tau, and always the best one."""
+    best = ranks(masked_score(score, eligible)) == 0
+    return eligible & ((score >= tau) | best)
+
+
+def select_dynamic(score: torch.Tensor, eligible: torch.Tensor, tau: float, k: torch.Tensor) -> torch.Tensor:
+    """SDAR / LLaDA2: {p > tau} if it has at least k members, else the top min(k, #eligible)."""
+    high = eligible & (score > tau)
+    enough = high.sum(-1) >= k
+    return torch.where(enough[:, None], high, select_top(score, eligible, k))
+
+
+def select_factor(score: torch.Tensor, eligible: torch.Tensor, factor: float) -> torch.Tensor:
+    """Fast-dLLM factor decoding: the longest prefix of sorted confidences with c_n >= 1 - f / (n + 1).
+
+    Mirrors the reference loop exactly, including its edge case: when the first failure is the last
+    eligible position (or nothing fails) every eligible token is accepted; at least one always is.
+    """
+    s = masked_score(score, eligible)
+    srt = s.sort(dim=-1, descending=True).values
+    n = eligible.sum(-1)
+    L = s.shape[-1]
+    j = torch.arange(L, device=s.device)
+    thr = 1.0 - factor / (j.to(srt.dtype) + 2.0)
+    thr[0] = -1.0
+    fail = (srt < thr) & (j[None] < n[:, None])
+    first = torch.where(fail.any(-1), fail.float().argmax(-1), n)
+    count = torch.where(first >= n - 1, n, first).clamp_min(torch.ones_like(n).clamp_max(n))
+    return eligible & (ranks(s) < count[:, None])
+
+
+def select_sampled(score: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, alg_temp: float,
+                   gens: Sequence[torch.Generator]) -> torch.Tensor:
+    """Dream's alg_temp > 0: draw k positions without replacement from softmax(score / alg_temp)."""
+    w = masked_score(score.float(), eligible) / alg_temp
+    probs = torch.softmax(w, dim=-1)
+    out = torch.zeros_like(eligible)
+    k = torch.minimum(k, eligible.sum(-1)).tolist()
+    for r, kr in enumerate(k):
+        if kr > 0:
+            out[r, torch.multinomial(probs[r], kr, replacement=False, generator=gens[r])] = True
+    return out

@@ -1,0 +1,93 @@
+"""Reference decoder parameters of the golden fixtures -> ``SamplerConfig`` (the mapping of
+tests/assets/fixtures/README.md), plus the reference output's generated part."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from dare.rollout import SamplerConfig
+from tests.conftest import FIXTURES
+
+FOLDERS = ["llada-tiny", "lladamoe-tiny", "dream-tiny", "sdar-tiny", "sdarmoe-tiny", "llada2-tiny", "llada21-tiny"]
+LLADA_CACHE = {"generate": "none", "generate_with_prefix_cache": "prefix", "generate_with_dual_cache": "dual"}
+SDAR_REMASKING = {"low_confidence_static": "static", "low_confidence_dynamic": "dynamic", "sequential": "sequential"}
+
+
+@dataclass
+class Case:
+    folder: str
+    index: int
+    raw: dict
+    config: SamplerConfig
+    prompt: list
+    expected: list  # reference generated tokens, cut after the first stop token where it has one
+    stop_ids: list
+    dtype: torch.dtype
+    ref_nfe: Optional[int]
+    # How our nfe relates to the reference's (None: not comparable, e.g. no nfe recorded).
+    nfe_offset: Optional[int]
+
+    @property
+    def id(self) -> str:
+        r = self.raw
+        keys = [k for k in ("fn", "alg", "remasking_strategy", "decoder", "mask_semantics", "model_dtype") if k in r]
+        return f"{self.folder}-{self.index}-" + "-".join(str(r[k]) for k in keys)
+
+
+def load_cases(folder: str) -> list[Case]:
+    data = json.loads((FIXTURES / folder / "expected_generate.json").read_text())
+    return [_case(folder, i, c, data) for i, c in enumerate(data["cases"])]
+
+
+def _cut(gen: list, stops: list, G: int) -> list:
+    gen = gen[:G]
+    for j, t in enumerate(gen):
+        if t in stops:
+            return gen[:j + 1]
+    return gen
+
+
+def _case(folder: str, i: int, c: dict, top: dict) -> Case:
+    prompt = c["prompt"]
+    P = len(prompt)
+    dtype = torch.float32
+    nfe_offset = 0
+    if "fn" in c:  # LLaDA / LLaDA-MoE: Fast-dLLM generate / prefix / dual cache
+        cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], steps=c["steps"],
+                            remasking=c["remasking"], threshold=c["threshold"], cache=LLADA_CACHE[c["fn"]], block_stop=False)
+        gen, stops = c["output"][P:], [top.get("eos_token_id", 501)]
+    elif "alg" in c:  # Dream diffusion_generate
+        # top_k=50: Dream's generation config inherits transformers' GenerationConfig default (top_k 50), which
+        # the reference applies even at temperature 0, where it renormalises the confidences over the top 50.
+        cfg = SamplerConfig(gen_length=c["max_new_tokens"], block_length=c["max_new_tokens"], steps=c["steps"],
+                            remasking=c["alg"], alg_temp=top.get("alg_temp") or None, eps=top["eps"], top_k=50,
+                            block_stop=False)
+        gen, stops = c["output"][P:], [501]
+        nfe_offset = None
+    elif "denoising_steps" in c:  # SDAR / SDAR-MoE block_diffusion_generate
+        crit = c["stopping_criteria_idx"]
+        cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], steps_per_block=c["denoising_steps"],
+                            remasking=SDAR_REMASKING[c["remasking_strategy"]], threshold=c["confidence_threshold"],
+                            cache="block", stop_token_ids=list(crit or []), block_stop=bool(crit))
+        gen, stops = c["output"][P:], list(crit or [top.get("eos_token_id", 501)])
+        nfe_offset = -1  # the reference also stores the last block's keys/values, which nothing reads
+    elif c["decoder"] == "llada2.0_generate":
+        cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], steps_per_block=c["steps"],
+                            remasking="dynamic", threshold=c["threshold"], eos_early_stop=c["eos_early_stop"],
+                            stop_token_ids=[c["eos_id"]], minimal_topk=c["minimal_topk"], cache="none", block_stop=True)
+        gen, stops = c["output"], [c["eos_id"]]
+        if gen[:P] == prompt:  # the mid-step early return hands back the prompt too
+            gen = gen[P:]
+    else:  # LLaDA2.1 generate with token editing
+        cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], threshold=c["threshold"],
+                            editing_threshold=c["editing_threshold"], max_post_steps=c["max_post_steps"],
+                            num_to_transfer=c["num_to_transfer"], eos_early_stop=c["eos_early_stop"],
+                            stop_token_ids=[c["eos_id"]], cache="none", block_stop=c["eos_early_stop"])
+        gen, stops = c["output"], [c["eos_id"]]
+    if c.get("model_dtype") == "bfloat16":
+        dtype = torch.bfloat16
+    return Case(folder, i, c, cfg, prompt, _cut(gen, stops, cfg.gen_length), stops, dtype, c.get("nfe"),
+                nfe_offset if c.get("nfe") is not None else None)
