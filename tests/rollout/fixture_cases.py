@@ -29,6 +29,8 @@ class Case:
     ref_nfe: Optional[int]
     # How our nfe relates to the reference's (None: not comparable, e.g. no nfe recorded).
     nfe_offset: Optional[int]
+    # "eq": nfe == reference + offset; "le": <= (our early stop can only end sooner, see docs/samplers.md).
+    nfe_relation: str = "eq"
 
     @property
     def id(self) -> str:
@@ -55,6 +57,7 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
     P = len(prompt)
     dtype = torch.float32
     nfe_offset = 0
+    relation = "eq"
     if "fn" in c:  # LLaDA / LLaDA-MoE: Fast-dLLM generate / prefix / dual cache
         cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], steps=c["steps"],
                             remasking=c["remasking"], threshold=c["threshold"], cache=LLADA_CACHE[c["fn"]], block_stop=False)
@@ -81,6 +84,10 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
         gen, stops = c["output"], [c["eos_id"]]
         if gen[:P] == prompt:  # the mid-step early return hands back the prompt too
             gen = gen[P:]
+        if c["eos_early_stop"]:
+            # LLaDA2.0 tests for "no mask before the first EOS" only on steps that commit an EOS; we finish the row
+            # as soon as it holds, which can save forwards but never changes the completion.
+            relation = "le"
     else:  # LLaDA2.1 generate with token editing
         cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], threshold=c["threshold"],
                             editing_threshold=c["editing_threshold"], max_post_steps=c["max_post_steps"],
@@ -90,4 +97,4 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
     if c.get("model_dtype") == "bfloat16":
         dtype = torch.bfloat16
     return Case(folder, i, c, cfg, prompt, _cut(gen, stops, cfg.gen_length), stops, dtype, c.get("nfe"),
-                nfe_offset if c.get("nfe") is not None else None)
+                nfe_offset if c.get("nfe") is not None else None, relation)

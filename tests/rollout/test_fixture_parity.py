@@ -1,0 +1,73 @@
+"""Ground truth: ``dare.rollout.generate`` reproduces every required greedy decode of every family's reference
+sampler token for token (tests/assets/fixtures/*/expected_generate.json), alone and batched."""
+import dataclasses
+from collections import defaultdict
+from functools import lru_cache
+
+import pytest
+import torch
+
+from dare.models import load_model
+from dare.rollout import generate
+from tests.conftest import FIXTURES
+from tests.rollout.fixture_cases import FOLDERS, load_cases
+
+CASES = [c for f in FOLDERS for c in load_cases(f) if c.raw["required"]]
+BLOCK_REFERENCE_WITHOUT_CACHE = [c for c in CASES if c.config.cache == "none" and c.folder.startswith("llada2")]
+
+
+@lru_cache(maxsize=None)
+def _model(folder: str, dtype: torch.dtype):
+    return load_model(FIXTURES / folder, dtype=dtype, mask_token_id=500)
+
+
+def _check_tokens(case, completion: torch.Tensor, completion_mask: torch.Tensor):
+    got = completion.tolist()[:len(case.expected)]
+    assert got == case.expected
+    if case.expected and case.expected[-1] in case.stop_ids:  # completion_mask ends at the first stop token
+        assert int(completion_mask.sum()) == len(case.expected)
+
+
+def test_every_fixture_folder_has_required_cases():
+    assert {c.folder for c in CASES} == set(FOLDERS)
+    assert len(CASES) >= 100
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_reference_decode(case):
+    r = generate(_model(case.folder, case.dtype), [case.prompt], case.config)
+    _check_tokens(case, r.completion_ids[0], r.completion_mask[0])
+    if case.nfe_offset is not None:
+        expected = case.ref_nfe + case.nfe_offset
+        assert r.nfe == expected if case.nfe_relation == "eq" else r.nfe <= expected
+
+
+@pytest.mark.parametrize("case", BLOCK_REFERENCE_WITHOUT_CACHE, ids=lambda c: c.id)
+def test_llada2_exact_block_cache_gives_the_reference_tokens(case):
+    """The HF LLaDA2 loop recomputes the prefix every step; the exact block cache must decode the same
+    tokens with the same number of denoising steps (plus one prefill and one store forward per block)."""
+    cfg = dataclasses.replace(case.config, cache="block")
+    r = generate(_model(case.folder, case.dtype), [case.prompt], cfg)
+    _check_tokens(case, r.completion_ids[0], r.completion_mask[0])
+    steps = int(r.num_steps[0])
+    assert steps == case.ref_nfe if case.nfe_relation == "eq" else steps <= case.ref_nfe
+    B, P = cfg.block_length, len(case.prompt)
+    store_forwards = r.nfe - steps  # one prefill (if the prompt fills a block) + one per finished, non-final block
+    assert 0 <= store_forwards <= int(P >= B) + (P + cfg.gen_length + B - 1) // B - P // B - 1
+
+
+def _groups():
+    groups = defaultdict(list)
+    for c in CASES:
+        groups[(c.folder, c.dtype, repr(c.config))].append(c)
+    return [g for g in groups.values() if len({len(c.prompt) for c in g}) > 1]
+
+
+@pytest.mark.parametrize("group", _groups(), ids=lambda g: f"{g[0].folder}-{g[0].index}")
+def test_batched_prompts_of_different_lengths_match_the_reference(group):
+    """All prompts of one parameter set decoded together (left-padded) give each case's reference tokens."""
+    model = _model(group[0].folder, group[0].dtype)
+    r = generate(model, [c.prompt for c in group], group[0].config)
+    assert r.prompt_index.tolist() == list(range(len(group)))
+    for i, case in enumerate(group):
+        _check_tokens(case, r.completion_ids[i], r.completion_mask[i])
