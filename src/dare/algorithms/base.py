@@ -11,7 +11,8 @@ algorithm's name: it calls the hooks below, each with a default, so a method is 
   whole batch, including the rollout's ``step_map`` / ``trajectory`` when present, and draws from
   ``ctx.generator(iteration, sample_uid, mc_index)`` so that old, reference and current policies score identical
   inputs and the ``mu`` inner iterations reuse the same noise. The loop calls it once per inner iteration and
-  stores the views in ``batch["views"][iteration]``.
+  stores the views in ``batch["views"][iteration]``. ``reference_views`` (default: the same views) lets a method
+  give the reference policy its own noise.
 * ``log_likelihood(ctx, model, batch, views) -> LogLik`` -- the likelihood estimator: combines per-target
   log-probs of every view (``View.weight`` carries 1/t, complementary-mask weights, ...) into per-slot
   (token) or per-sequence values. ``mc_samples`` says how many forwards it uses per sample.
@@ -292,6 +293,10 @@ class Algorithm:
     # --- hooks ----------------------------------------------------------------------------------------
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         raise NotImplementedError(f"{type(self).__name__} must implement corrupt()")
+
+    def reference_views(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        """The views the reference policy scores. Default: the policy's own (shared, antithetic noise)."""
+        return batch["views"][iteration]
 
     def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
         """Default estimator: ``sum_v weight_v * logp_v`` over the views, mapped to slots by ``score_index``."""

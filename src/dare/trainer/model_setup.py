@@ -44,7 +44,8 @@ def full_state_dict(model, env) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     if env.distributed:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    # A copy, never views of the live parameters: merging LoRA into the export must not touch the policy.
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None) -> Path:

@@ -15,35 +15,45 @@ from ..algorithms.base import Algorithm, Batch, StepContext, concat_rows
 
 
 @torch.no_grad()
-def score_iteration(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int) -> torch.Tensor:
-    """Likelihood values of ``batch["views"][iteration]`` under ``model``, batched like the update will be."""
-    parts = [algo.log_likelihood(ctx, model, mb, mb["views"][iteration]).value.float()
+def score_iteration(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
+                    views_key: str = "views") -> torch.Tensor:
+    """Likelihood values of ``batch[views_key][iteration]`` under ``model``, batched like the update will be."""
+    parts = [algo.log_likelihood(ctx, model, mb, mb[views_key][iteration]).value.float()
              for mb in batch.split(micro_batch_size)]
     return concat_rows(parts)
 
 
-def score_iterations(algo: Algorithm, ctx: StepContext, model, batch: Batch, micro_batch_size: int) -> dict:
+def score_iterations(algo: Algorithm, ctx: StepContext, model, batch: Batch, micro_batch_size: int,
+                     views_key: str = "views") -> dict:
     """``score_iteration`` for every inner iteration; an iteration whose views are the very same list as an earlier
     one's (a deterministic corruption such as a trajectory replay) reuses that iteration's scores."""
     out: dict = {}
+    views = batch[views_key]
     for it in range(algo.inner_iterations):
-        same = next((j for j in range(it) if batch["views"][j] is batch["views"][it]), None)
-        out[it] = out[same] if same is not None else score_iteration(algo, ctx, model, batch, it, micro_batch_size)
+        same = next((j for j in range(it) if views[j] is views[it]), None)
+        out[it] = out[same] if same is not None else score_iteration(algo, ctx, model, batch, it, micro_batch_size, views_key)
     return out
 
 
 def prepare(algo: Algorithm, ctx: StepContext, batch: Batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
     """Stage (3): draw every inner iteration's corruption once, then score it with the pre-update policy and the
-    reference policy where the algorithm needs them. Results land in ``views``, ``old_logp``, ``ref_logp``."""
-    batch["views"] = {it: algo.corrupt(ctx, batch, it) for it in range(algo.inner_iterations)}
+    reference policy where the algorithm needs them. Results land in ``views``, ``old_logp``, ``ref_logp``
+    (and ``ref_views`` when the reference has its own noise)."""
+    n_it = algo.inner_iterations
+    batch["views"] = {it: algo.corrupt(ctx, batch, it) for it in range(n_it)}
     if algo.needs_old_logp:
         batch["old_logp"] = score_iterations(algo, ctx, policy, batch, micro_batch_size)
     if algo.needs_reference:
         if reference is None:
             raise ValueError(f"algorithm {algo.name!r} needs a reference policy, but none is configured "
                              f"(set reference.mode to 'copy' or, with LoRA, 'lora_disabled')")
+        ref_views = {it: algo.reference_views(ctx, batch, it) for it in range(n_it)}
+        shared = all(ref_views[it] is batch["views"][it] for it in range(n_it))
+        key = "views" if shared else "ref_views"
+        if not shared:
+            batch["ref_views"] = ref_views
         with reference.scoring() as ref_model:
-            batch["ref_logp"] = score_iterations(algo, ctx, ref_model, batch, micro_batch_size)
+            batch["ref_logp"] = score_iterations(algo, ctx, ref_model, batch, micro_batch_size, key)
 
 
 def update(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
