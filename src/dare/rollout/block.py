@@ -174,6 +174,8 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1) -> None:
         open_ = (st.x[act, c0:c1] == st.mask_id).any(1) & ~st.finished[act]
         if not bool(open_.any()):
             break
+        if i > max(spb, c1 - c0):  # every rule commits at least min(k, #masks) >= 1 token per step
+            raise RuntimeError(f"block at column {c0} did not finish after {i} steps (sampler bug)")
         rows = act[open_]
         logits = fwd.logits(act, c0, c1)[open_] if fwd.use_cache else fwd.logits(rows, c0, c1)
         st.nfe += 1

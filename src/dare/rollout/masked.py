@@ -131,6 +131,8 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
             open_ = (st.x[act, c0:c1] == mask_id).any(1) & ~st.finished[act]
             if not bool(open_.any()):
                 break
+            if i > max(spb, BL):  # every rule commits >= 1 token per step, or the schedule's count
+                raise RuntimeError(f"block {b} did not finish after {i} steps (sampler bug)")
             if cached:  # the cache holds every active row: all of them run, the open ones are used
                 logits = (fwd.refresh if i == 0 else fwd.step)(act, c0, c1)[open_]
             else:
