@@ -1,0 +1,145 @@
+"""``dare generate``: decode prompts with any supported model and print the completions, nfe and tokens/s.
+
+Every ``SamplerConfig`` field is a flag (``--gen-length 64 --block-length 8 --cache dual --threshold 0.9``);
+flags that are not given keep the dataclass defaults. Prompts are text (``--prompt``, tokenised with the
+checkpoint's tokenizer, optionally through its chat template with ``--chat``) or token ids (``--prompt-ids``,
+no tokenizer needed).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+import typing
+from pathlib import Path
+
+NAME = "generate"
+HELP = "decode prompts with a diffusion LM (all sampler options as flags); prints completions, nfe and tokens/s"
+
+TINY_PREFIX = "tiny:"
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+
+
+def _sampler_flags(p) -> None:
+    from dare.rollout.config import CACHES, REMASKING, SCHEDULES, SamplerConfig
+    choices = {"remasking": REMASKING, "cache": CACHES, "schedule": SCHEDULES}
+    g = p.add_argument_group("sampler (dare.rollout.SamplerConfig fields; unset = the dataclass default)")
+    hints = typing.get_type_hints(SamplerConfig)
+    for f in dataclasses.fields(SamplerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        tp = hints[f.name]
+        args = [t for t in typing.get_args(tp) if t is not type(None)] or [tp]
+        base = args[0]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if base is bool:
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"(default {default})")
+        elif typing.get_origin(base) is list:
+            g.add_argument(flag, dest=f.name, type=_ids, default=None, help="comma-separated ids (default: the model's)")
+        else:
+            g.add_argument(flag, dest=f.name, type=base, default=None, choices=choices.get(f.name),
+                           help=f"(default {default})")
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="checkpoint folder, Hugging Face id, or tiny:<family>")
+    p.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
+    p.add_argument("--prompt-ids", action="append", default=[], type=_ids, help="prompt token ids, e.g. 1,2,3 (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap text prompts in the tokenizer's chat template")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="mask id for configs that carry none")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: the checkpoint's)")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: derived from it)")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--json", action="store_true", help="print one machine-readable JSON object")
+    _sampler_flags(p)
+
+
+def _has_tokenizer_files(path: str) -> bool:
+    folder = Path(path)
+    return folder.is_dir() and any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def _load(args, need_tokenizer: bool):
+    import torch
+
+    from dare.models import load_model, parse_dtype, tiny
+    from dare.models.tokenizer import load_tokenizer, tiny_tokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.model.startswith(TINY_PREFIX):
+        tok = tiny_tokenizer()
+        model = tiny(args.model[len(TINY_PREFIX):], tokenizer=tok, seed=0)
+        if args.dtype:
+            model = model.to(parse_dtype(args.dtype))
+        return model.to(device).eval(), tok
+    tok_path = args.tokenizer or args.model
+    tok = load_tokenizer(tok_path) if (need_tokenizer or args.tokenizer or _has_tokenizer_files(tok_path)) else None
+    mask_id = args.mask_token_id
+    if mask_id is None and tok is not None and getattr(tok, "mask_token_id", None) is not None:
+        try:
+            model = load_model(args.model, dtype=args.dtype)
+        except ValueError:  # the config has no mask id (LLaDA2, SDAR-MoE): the tokenizer knows it
+            model = load_model(args.model, dtype=args.dtype, mask_token_id=tok.mask_token_id)
+    else:
+        model = load_model(args.model, dtype=args.dtype, mask_token_id=mask_id)
+    return model.to(device).eval(), tok
+
+
+def _encode(tok, text: str, chat: bool) -> list[int]:
+    if chat:
+        if getattr(tok, "chat_template", None) is None:
+            raise ValueError("--chat needs a tokenizer with a chat template")
+        out = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def run(args) -> int:
+    import torch
+
+    from dare.rollout import SamplerConfig, generate
+
+    if not args.prompt and not args.prompt_ids:
+        raise ValueError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
+    if args.chat and not args.prompt:
+        raise ValueError("--chat applies to text prompts (--prompt)")
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplerConfig) if getattr(args, f.name) is not None}
+    config = SamplerConfig(**overrides)
+    model, tok = _load(args, need_tokenizer=bool(args.prompt))
+    prompts = [_encode(tok, t, args.chat) for t in args.prompt] + list(args.prompt_ids)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    r = generate(model, prompts, config, n=args.n, generator=torch.Generator().manual_seed(args.seed))
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    tokens = int(r.completion_mask.sum())
+    texts = r.texts(tok) if tok is not None else None
+    rows = []
+    for i in range(r.completion_ids.shape[0]):
+        n_tok = int(r.completion_mask[i].sum())
+        rows.append({"prompt_index": int(r.prompt_index[i]), "sample": int(r.sample_index[i]),
+                     "ids": r.completion_ids[i, :n_tok].tolist(), "text": texts[i] if texts is not None else None,
+                     "num_tokens": n_tok, "steps": int(r.num_steps[i])})
+    summary = {"nfe": r.nfe, "tokens": tokens, "seconds": round(seconds, 4),
+               "tokens_per_second": round(tokens / seconds, 2) if seconds > 0 else None,
+               "model": args.model, "family": model.family, "device": str(model.device),
+               "config": dataclasses.asdict(config)}
+    if args.json:
+        print(json.dumps({"completions": rows, **summary}))
+        return 0
+    for row in rows:
+        head = f"[prompt {row['prompt_index']} sample {row['sample']}]"
+        print(f"{head} {row['text'] if row['text'] is not None else ','.join(map(str, row['ids']))}")
+    print(f"nfe={r.nfe} tokens={tokens} seconds={seconds:.3f} tokens/s={summary['tokens_per_second']}")
+    return 0
