@@ -3,10 +3,12 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.bgpo import BGPOConfig, bgpo_bound, bgpo_ratio
+from dare.config.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
+from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
 
 
 def _setup(family="llada", **cfg):
@@ -139,3 +141,13 @@ def test_block_models_use_the_block_diffusion_layout_and_ignore_future_blocks():
 def test_unsupported_config():
     with pytest.raises(ValueError, match="num_mc"):
         BGPOConfig(num_mc=0)
+
+
+def test_recipe_defaults():
+    recipe = load_recipe(ROOT / "recipes/rl/bgpo.yaml")
+    assert isinstance(recipe.algorithm, BGPOConfig) and recipe.algorithm.num_mc == 16
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow), pytest.param("sdar_moe", marks=pytest.mark.slow), pytest.param("llada2_moe", marks=pytest.mark.slow)])
+def test_end_to_end_two_steps(tmp_path, family):
+    run_rl_recipe(tmp_path, "bgpo", family, "algorithm.num_mc=2")

@@ -3,10 +3,12 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.coupled_grpo import CoupledGRPOConfig
+from dare.config.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
+from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
 
 
 def _setup(family="llada", **cfg):
@@ -140,3 +142,13 @@ def test_block_models_are_rejected():
 def test_config_rejects_bad_time_range():
     with pytest.raises(ValueError, match="t_min"):
         CoupledGRPOConfig(t_min=0.0)
+
+
+def test_recipe_defaults():
+    recipe = load_recipe(ROOT / "recipes/rl/coupled_grpo.yaml")
+    assert isinstance(recipe.algorithm, CoupledGRPOConfig) and recipe.algorithm.full_mask_view
+
+
+@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow)])
+def test_end_to_end_two_steps(tmp_path, family):
+    run_rl_recipe(tmp_path, "coupled_grpo", family, "algorithm.inner_iterations=2")

@@ -3,10 +3,12 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.ebpo import EBPOConfig
+from dare.config.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
+from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
 
 
 def _setup(family="sdar", **cfg):
@@ -138,3 +140,13 @@ def test_masked_models_are_rejected():
     _, algo, ctx = _setup("llada")
     with pytest.raises(ValueError, match="block_causal"):
         algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+
+
+def test_recipe_defaults():
+    recipe = load_recipe(ROOT / "recipes/rl/ebpo.yaml")
+    assert isinstance(recipe.algorithm, EBPOConfig) and recipe.algorithm.num_mc == 16
+
+
+@pytest.mark.parametrize("family", ["sdar", pytest.param("sdar_moe", marks=pytest.mark.slow), pytest.param("llada2_moe", marks=pytest.mark.slow)])
+def test_end_to_end_two_steps(tmp_path, family):
+    run_rl_recipe(tmp_path, "ebpo", family, "algorithm.num_mc=2", "algorithm.inner_iterations=2")

@@ -5,10 +5,12 @@ import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.spg import SPGConfig, spg_bounds
+from dare.config.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
+from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
 
 
 def _setup(family="llada", **cfg):
@@ -187,3 +189,13 @@ def test_kl_and_block_models_rejected():
     _, algo, ctx = _setup("sdar")
     with pytest.raises(ValueError, match="bidirectional"):
         algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+
+
+def test_recipe_defaults():
+    recipe = load_recipe(ROOT / "recipes/rl/spg.yaml")
+    assert isinstance(recipe.algorithm, SPGConfig) and recipe.algorithm.num_t == 16
+
+
+@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow)])
+def test_end_to_end_two_steps(tmp_path, family):
+    run_rl_recipe(tmp_path, "spg", family, "algorithm.num_t=2", "algorithm.inner_iterations=2")

@@ -3,9 +3,11 @@ import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.wd1 import WD1Config, group_softmax
+from dare.config.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
+from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
 
 
 def _setup(family="llada", **cfg):
@@ -88,3 +90,13 @@ def test_block_models_are_rejected():
     _, algo, ctx = _setup("sdar")
     with pytest.raises(ValueError, match="bidirectional"):
         algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+
+
+def test_recipe_defaults():
+    recipe = load_recipe(ROOT / "recipes/rl/wd1.yaml")
+    assert isinstance(recipe.algorithm, WD1Config) and recipe.algorithm.beta == 0.0
+
+
+@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow)])
+def test_end_to_end_two_steps(tmp_path, family):
+    run_rl_recipe(tmp_path, "wd1", family, "algorithm.inner_iterations=2")
