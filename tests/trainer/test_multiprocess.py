@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.helpers import ROOT, TOY_SFT
 
-COMMON = [f"data.pairs={TOY_SFT}", "logging.progress=false", "logging.tensorboard=false", "train.export=false"]
+COMMON = ["logging.progress=false", "logging.tensorboard=false", "train.export=false"]
 
 
 def _env():
@@ -18,7 +18,8 @@ def _env():
 
 
 def _train(out, *overrides, recipe="recipes/sft_tiny.yaml", timeout=300):
-    cmd = [sys.executable, "-m", "dare.cli", "train", recipe, *COMMON, f"train.output_dir={out}", *overrides]
+    data = [f"data.pairs={TOY_SFT}"] if "sft" in recipe else []
+    cmd = [sys.executable, "-m", "dare.cli", "train", recipe, *COMMON, *data, f"train.output_dir={out}", *overrides]
     # Own session, so a hung run is killed with all its torchrun workers.
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -53,7 +54,8 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
     args = ["train.steps=30", "train.save_every=4", "train.batch_size=8", "model.tiny_sizes={hidden_size: 32, num_layers: 1}"]
     straight = _train(tmp_path / "straight", *args)
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "dare.cli", "train", "recipes/sft_tiny.yaml", *COMMON, f"train.output_dir={run}", *args]
+    cmd = [sys.executable, "-m", "dare.cli", "train", "recipes/sft_tiny.yaml", *COMMON, f"data.pairs={TOY_SFT}",
+           f"train.output_dir={run}", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     marker = run / "checkpoints" / "step-8" / "COMPLETE"
     deadline = time.time() + 300
@@ -70,3 +72,15 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
     assert [r["step"] for r in resumed] == list(range(1, 31))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight]
+
+
+@pytest.mark.slow
+def test_d1_two_processes_reproduce_one_process(tmp_path):
+    args = ["train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0",
+            "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}"]
+    one = _train(tmp_path / "one", *args, recipe="recipes/d1_tiny.yaml")
+    two = _train(tmp_path / "two", *args, "distributed.nproc=2", recipe="recipes/d1_tiny.yaml")
+    for a, b in zip(one, two):
+        assert a["completion_len"] == b["completion_len"]  # the same rollouts on 1 or 2 ranks
+        for key in ("loss", "kl", "entropy", "grad_norm", "ratio_mean"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)

@@ -53,8 +53,9 @@ def _select(value: Any, idx: torch.Tensor, size: int, key: str):
         return value[idx.to(value.device)]
     if hasattr(value, "select") and not isinstance(value, (list, dict)):
         return value.select(idx)
-    if dataclasses.is_dataclass(value) and hasattr(value, "doc"):  # TokenLayout
-        return type(value)(*(getattr(value, f.name)[idx] for f in dataclasses.fields(value)))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # TokenLayout, rollout Trajectory, ...
+        return dataclasses.replace(value, **{f.name: _select_or_keep(getattr(value, f.name), idx, size)
+                                             for f in dataclasses.fields(value) if f.init})
     if isinstance(value, dict):
         return {k: _select(v, idx, size, f"{key}.{k}") for k, v in value.items()}
     if isinstance(value, list):
@@ -68,13 +69,21 @@ def _select(value: Any, idx: torch.Tensor, size: int, key: str):
     raise TypeError(f"batch field {key!r}: cannot slice a {type(value).__name__} per sample")
 
 
+def _select_or_keep(value: Any, idx: torch.Tensor, size: int):
+    """Dataclass fields: per-sample tensors are sliced, anything else (sizes, names) is kept."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size:
+        return value[idx.to(value.device)]
+    return value
+
+
 def _to(value: Any, device):
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, View):
         return value.to(device)
-    if dataclasses.is_dataclass(value) and hasattr(value, "doc"):
-        return type(value)(*(getattr(value, f.name).to(device) for f in dataclasses.fields(value)))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _to(getattr(value, f.name), device)
+                                             for f in dataclasses.fields(value) if f.init})
     if isinstance(value, dict):
         return {k: _to(v, device) for k, v in value.items()}
     if isinstance(value, list) and value and isinstance(value[0], View):

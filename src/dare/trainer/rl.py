@@ -1,0 +1,148 @@
+"""Stages (1) rollout and (2) reward of the RL loop, and the prompt source they start from.
+
+Each rank takes whole prompts of the step's global batch (round-robin) and generates all ``group_size`` completions
+of each itself, so group statistics (advantages, the zero-variance filter) never cross ranks. Every random draw is
+keyed: prompt j of step s is sampled with seed ``hash(run seed, "rollout", s, j)`` (the rollout engine derives the
+per-completion generators from it), so a sample does not depend on the rank or batch it lands in, and a resumed run
+regenerates exactly the rollouts it would have. Rewards come from ``dare.rewards.score_batch`` on the decoded
+completions (each example's task default unless ``reward.name`` is set).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..algorithms.base import Batch, StepContext
+from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
+from .data import EpochSampler
+
+log = logging.getLogger(__name__)
+
+
+class PromptSource:
+    """Per-step prompts of this rank (a ``Batch`` of prompt token lists and their examples)."""
+
+    def __init__(self, prompted: list, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        if batch_size % world:
+            raise ValueError(f"train.batch_size={batch_size} prompts must be divisible by distributed.nproc={world} "
+                             f"(each rank generates whole groups)")
+        self.prompted, self.rank, self.world, self.batch_size = prompted, rank, world, batch_size
+        self.sampler = EpochSampler(len(prompted), batch_size, seed)
+
+    @classmethod
+    def from_recipe(cls, recipe, tokenizer, env) -> "PromptSource":
+        from ..data import build_prompts, load_examples
+        ds = recipe.data.dataset
+        if ds is None:
+            raise ValueError("RL needs data.dataset: a dare.data source of prompts (name/path/hf, template, ...)")
+        prompted = build_prompts(load_examples(ds), tokenizer, ds)
+        if not prompted:
+            raise ValueError(f"data.dataset {ds.name or ds.path or ds.hf}: no usable prompts")
+        return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.rank, env.world_size)
+
+    def batch(self, step: int) -> Batch:
+        idx = self.sampler.indices(step)
+        mine = list(range(self.rank, len(idx), self.world))  # positions in the step's global prompt list
+        items = [self.prompted[idx[j]] for j in mine]
+        return Batch(uid=torch.tensor(mine, dtype=torch.long), prompt_tokens=[p.input_ids for p in items],
+                     examples=[p.example for p in items])
+
+
+def _pad_left(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+
+def _merge(parts: list, pad_id: int):
+    """Concatenate rollouts of several generate() calls (prompts re-padded to a common width)."""
+    if len(parts) == 1:
+        return parts[0]
+    import dataclasses
+    P = max(r.prompt_length for r in parts)
+    seqs, masks = [], []
+    for r in parts:
+        seqs.append(torch.cat([_pad_left(r.prompt_ids, P, pad_id), r.completion_ids], 1))
+        masks.append(torch.cat([_pad_left(r.prompt_mask, P, 0), r.attention_mask[:, r.prompt_length:]], 1))
+    offsets, off = [], 0
+    for r in parts:
+        offsets.append(off)
+        off += int(r.prompt_index.max()) + 1
+    traj = None
+    if parts[0].trajectory is not None:
+        S = max(r.trajectory.states.shape[1] for r in parts)
+
+        def pad_s(t):
+            return torch.nn.functional.pad(t, (0, 0, 0, S - t.shape[1])) if t.dim() == 3 else torch.nn.functional.pad(t, (0, S - t.shape[1]))
+        fields = {f.name: torch.cat([pad_s(getattr(r.trajectory, f.name)) if getattr(r.trajectory, f.name).dim() > 1
+                                     else getattr(r.trajectory, f.name) for r in parts]) for f in dataclasses.fields(parts[0].trajectory)}
+        traj = type(parts[0].trajectory)(**fields)
+    cat = lambda name: torch.cat([getattr(r, name) for r in parts]) if getattr(parts[0], name) is not None else None
+    return dataclasses.replace(
+        parts[0], sequences=torch.cat(seqs), attention_mask=torch.cat(masks), prompt_length=P,
+        completion_ids=cat("completion_ids"), completion_mask=cat("completion_mask"), step_map=cat("step_map"),
+        nfe=sum(r.nfe for r in parts), prompt_index=torch.cat([r.prompt_index + o for r, o in zip(parts, offsets)]),
+        trajectory=traj, sample_index=cat("sample_index"), num_steps=cat("num_steps"),
+        seeds=sum((r.seeds or [] for r in parts), []) or None)
+
+
+class RolloutStage:
+    def __init__(self, recipe, tokenizer, env):
+        self.recipe, self.tokenizer, self.env = recipe, tokenizer, env
+        self.group = recipe.rollout.group_size
+        if self.group < 1:
+            raise ValueError(f"rollout.group_size must be >= 1, got {self.group}")
+
+    def score(self, completions: list[str], examples: list[dict]) -> torch.Tensor:
+        from ..rewards import score_batch
+        rc = self.recipe.reward
+        results = score_batch(rc.name or "auto", completions, examples, timeout=rc.timeout, workers=rc.workers)
+        return torch.tensor([r.score for r in results], dtype=torch.float32)
+
+    def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+        """Reward of arbitrary completions of the batch's samples (e.g. MDPO's intermediate predictions)."""
+        from ..rollout import decode_completions
+        stops = torch.tensor(list(batch.meta["stop_token_ids"]), device=completion_ids.device)
+        stop = torch.isin(completion_ids, stops)
+        G = completion_ids.shape[1]
+        first = torch.where(stop.any(1), stop.float().argmax(1), torch.full((completion_ids.shape[0],), G, device=stop.device))
+        mask = torch.arange(G, device=stop.device)[None] <= first[:, None]
+        texts = decode_completions(self.tokenizer, completion_ids.cpu(), mask.cpu(), batch.meta["stop_token_ids"])
+        examples = [batch["examples"][int(i)] for i in sample_index.tolist()]
+        return self.score(texts, examples).to(completion_ids.device)
+
+    def collect(self, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
+        """(1) generate ``group_size`` completions per prompt, (2) score them; returns the RL batch."""
+        from ..rollout import generate
+        rc = self.recipe.rollout
+        t0 = time.perf_counter()
+        uids = prompts["uid"].tolist()
+        seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, ctx.step, u) for u in uids]
+        chunk = rc.micro_batch_size or len(uids)
+        parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], rc.sampler, n=self.group, seeds=seeds[s:s + chunk])
+                 for s in range(0, len(uids), chunk)]
+        ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
+        t1 = time.perf_counter()
+        prompt_of = ro.prompt_index.cpu()
+        examples = [prompts["examples"][int(i)] for i in prompt_of]
+        texts = ro.texts(self.tokenizer)
+        rewards = self.score(texts, examples)
+        t2 = time.perf_counter()
+        dev = ro.completion_ids.device
+        group = prompts["uid"].cpu()[prompt_of]
+        sample = ro.sample_index.cpu() if ro.sample_index is not None else torch.arange(len(prompt_of)) % self.group
+        batch = Batch(uid=group * self.group + sample, group=group, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask.bool(),
+                      completion_ids=ro.completion_ids, completion_mask=ro.completion_mask.bool(), step_map=ro.step_map,
+                      rewards=rewards.to(dev), examples=examples, completions=texts,
+                      meta={"stop_token_ids": ro.stop_token_ids, "nfe": ro.nfe})
+        if ro.trajectory is not None:
+            batch["trajectory"] = ro.trajectory
+        ctx.services["score_completions"] = self.score_completion_ids
+        n = float(len(texts))
+        sums = self.env.all_reduce_sums({"reward_sum": float(rewards.sum()), "reward_sq": float((rewards ** 2).sum()),
+                                         "n": n, "len_sum": float(ro.completion_mask.float().sum())})
+        mean = sums["reward_sum"] / max(sums["n"], 1.0)
+        metrics = {"reward_mean": mean, "reward_std": max(sums["reward_sq"] / max(sums["n"], 1.0) - mean ** 2, 0.0) ** 0.5,
+                   "completion_len": sums["len_sum"] / max(sums["n"], 1.0), "rollout_time": t1 - t0, "reward_time": t2 - t1,
+                   "nfe": float(ro.nfe)}
+        return batch, metrics
