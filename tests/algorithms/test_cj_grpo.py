@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -5,7 +7,7 @@ from dare.algorithms.cj_grpo import CJGRPOConfig
 from dare.rollout.config import SamplerConfig
 from dare.rollout.schedule import ass_split
 from dare.trainer import stages
-from tests.algorithms.trajectory_helpers import replay_batch, rollout_batch, setup
+from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, rollout_batch, run_recipe, setup
 
 ASS = dict(schedule="ass", eoser=True, eoser_gamma_min=0.01, temperature=1.0, record_trajectory=True)
 
@@ -125,3 +127,23 @@ def test_deterministic_replay_is_scored_once_for_all_inner_iterations():
     stages.prepare(algo, ctx, batch, model)
     assert batch["views"][2] is batch["views"][0]
     assert len(calls) == 1 and batch["old_logp"][2] is batch["old_logp"][0]
+
+
+@pytest.mark.parametrize("family", ["llada"] + [pytest.param(f, marks=pytest.mark.slow)
+                                                for f in ("sdar", "llada_moe", "dream", "sdar_moe", "llada2_moe")])
+def test_trains_end_to_end(tmp_path, family):
+    extra = []
+    if family in ("sdar", "sdar_moe", "llada2_moe"):  # ASS inside every block of the model's block size
+        extra = ["rollout.sampler={gen_length: 8, block_length: 4, schedule: ass, eoser: true, temperature: 1.0}"]
+    hist = run_recipe(tmp_path, "cj_grpo", family, *extra)
+    assert len(hist) == 2
+    for h in hist:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] > 0 and "kl" in h
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    rewards = learning_curve(tmp_path, "cj_grpo", "llada", "algorithm.inner_iterations=1", "algorithm.beta=0.0",
+                             "rollout.sampler={gen_length: 8, block_length: 8, schedule: ass, eoser: true, "
+                             "temperature: 1.0, block_stop: false}")
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards

@@ -5,7 +5,7 @@ import torch
 
 from dare.algorithms.dirl import DiRLConfig
 from dare.trainer import stages
-from tests.algorithms.trajectory_helpers import replay_batch, setup
+from tests.algorithms.trajectory_helpers import replay_batch, run_recipe, setup
 
 
 def _ready(algo, ctx, batch):
@@ -103,3 +103,13 @@ def test_zero_variance_groups_are_filtered_and_kl_is_to_the_reference():
     assert ctx.norms["targets"] == float(((batch["replay_round"] >= 0) & (batch["active"][:, None] > 0)).sum())
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
     assert m["kl"] == 0.0 and abs(m["ratio_mean"] - 1.0) < 1e-6
+
+
+@pytest.mark.parametrize("family", ["sdar", pytest.param("sdar_moe", marks=pytest.mark.slow),
+                                    pytest.param("llada2_moe", marks=pytest.mark.slow)])
+def test_trains_end_to_end(tmp_path, family):
+    hist = run_recipe(tmp_path, "dirl", family, "algorithm.filter_zero_variance=false")
+    assert len(hist) == 2
+    for h in hist:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] > 0
+        assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and "kl" in h

@@ -1,10 +1,12 @@
+import math
+
 import pytest
 import torch
 
 from dare.algorithms.mdpo import MDPOConfig, group_zscore_unbiased, step_advantages_raw, top_steps
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
-from tests.algorithms.trajectory_helpers import rollout_batch, setup
+from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
 
 
 def test_step_advantage_formula_on_a_hand_made_reward_sequence():
@@ -159,3 +161,21 @@ def test_errors_name_the_fix():
     batch.fields.pop("step_rewards", None)
     with pytest.raises(ValueError, match="score_completions"):
         algo.corrupt(ctx, batch, 0)
+
+
+@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow),
+                                    pytest.param("dream", marks=pytest.mark.slow)])
+def test_trains_end_to_end(tmp_path, family):
+    hist = run_recipe(tmp_path, "mdpo", family)
+    assert len(hist) == 2
+    for h in hist:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] > 0
+        assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    rewards = learning_curve(tmp_path, "mdpo", "llada", "algorithm.temperature=1.0", "algorithm.sample_train_steps=4",
+                             "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0, "
+                             "record_trajectory: true, block_stop: false}")
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.15, rewards

@@ -6,7 +6,7 @@ import torch
 from dare.algorithms.tracerl import INF_STEP, TraceRLConfig, plan_replay, step_groups
 from dare.diffusion.logprob import score_targets
 from dare.trainer import stages
-from tests.algorithms.trajectory_helpers import replay_batch, setup
+from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, run_recipe, setup
 
 
 def _prepared(algo, ctx, batch, model=None, micro=100):
@@ -192,3 +192,25 @@ def test_bad_input_errors():
         algo.corrupt(ctx, batch, 0)
     with pytest.raises(ValueError, match="shrink"):
         TraceRLConfig(shrink=0)
+
+
+FAMILIES = [pytest.param("sdar")] + [
+    pytest.param(f, marks=pytest.mark.slow) for f in ("llada", "llada_moe", "dream", "sdar_moe", "llada2_moe")]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trains_end_to_end(tmp_path, family):
+    extra = [] if family in ("sdar", "sdar_moe", "llada2_moe") else [
+        "rollout.sampler={gen_length: 16, block_length: 16, steps: 16, temperature: 1.0}", "algorithm.shrink=4"]
+    hist = run_recipe(tmp_path, "tracerl", family, *extra)
+    assert len(hist) == 2
+    for h in hist:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] > 0
+        assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # mu = 1: old := current
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    rewards = learning_curve(tmp_path, "tracerl", "llada", "algorithm.shrink=8",
+                             "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards

@@ -71,3 +71,37 @@ def rollout_batch(model, sampler, prompts=("abc", "hello there"), n=2, seed=0, r
                   prompt_mask=r.prompt_mask.bool(), completion_ids=r.completion_ids.clone(),
                   completion_mask=r.completion_mask.bool(), rewards=rewards, step_map=r.step_map.clone())
     return batch, r
+
+
+def _register_toy_reward():
+    from dare.rewards import REWARDS, register_reward
+    if "traj_sevens" not in REWARDS:
+        @register_reward("traj_sevens")
+        def _sevens(completion, example):
+            """A toy reward a tiny random model can learn: the fraction of '7' characters."""
+            return completion.count("7") / max(len(completion), 1)
+
+
+def run_recipe(tmp_path, algo: str, family: str, *overrides, steps: int = 2):
+    """``dare train recipes/rl/<algo>.yaml`` through the loop API on a tiny model; returns the metric history."""
+    from pathlib import Path
+
+    from dare.config.recipe import load_recipe
+    from dare.trainer.loop import Trainer
+    _register_toy_reward()
+    root = Path(__file__).resolve().parents[2]
+    recipe = load_recipe(root / f"recipes/rl/{algo}.yaml", [
+        f"model.path=tiny:{family}", f"train.output_dir={tmp_path}", f"train.steps={steps}", "train.resume=never",
+        "train.save_every=0", "train.export=false", "logging.progress=false", "logging.tensorboard=false",
+        "logging.plot=false", "reward.name=traj_sevens", "reward.workers=0", "train.batch_size=2",
+        "rollout.group_size=2", "data.dataset={name: sudoku, template: compact, limit: 8, shuffle_seed: 0}",
+        "model.tiny_sizes={hidden_size: 32, num_layers: 1}", *overrides])
+    return Trainer(recipe).run()
+
+
+def learning_curve(tmp_path, algo: str, family: str, *overrides, steps: int = 15):
+    """Rewards of a short run on the toy reward (8 completions per prompt, high learning rate)."""
+    hist = run_recipe(tmp_path, algo, family, "optim.lr=3e-3", "optim.weight_decay=0.0", "rollout.group_size=8",
+                      "train.batch_size=4", "data.dataset={name: sudoku, template: compact, limit: 64, shuffle_seed: 0}",
+                      "model.tiny_sizes={hidden_size: 64, num_layers: 2}", *overrides, steps=steps)
+    return [h["reward_mean"] for h in hist]

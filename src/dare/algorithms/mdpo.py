@@ -91,8 +91,10 @@ def trajectory_fields(batch: Batch):
         raise ValueError("MDPO trains on the sampler's intermediate states: set rollout.sampler.record_trajectory: "
                          "true so that the batch carries the rollout's trajectory")
     t = batch["trajectory"]
-    get = (lambda k: t[k]) if isinstance(t, dict) else (lambda k: getattr(t, k))
-    return get("states"), get("x0"), get("confidence"), get("valid").bool()
+    if not isinstance(t, dict):  # the rollout's Trajectory: store its tensors so micro-batches can slice them
+        t = {k: getattr(t, k) for k in ("states", "x0", "confidence", "valid")}
+        batch["trajectory"] = t
+    return t["states"], t["x0"], t["confidence"], t["valid"].bool()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -164,7 +166,9 @@ class MDPO(GRPOAlgorithm):
             else:
                 state, pred, c = states[:, s], x0[:, s], conf[:, s]
                 targets = (state == mask_id) & valid[:, s:s + 1]
-                if bool((pred[targets] == mask_id).any()):
+                # A masked position the step made no prediction for (confidence 0: outside the sampler's block);
+                # the mask id *predicted* by the model (confidence > 0) is a legitimate label.
+                if bool(((pred == mask_id) & (c <= 0))[targets].any()):
                     raise ValueError("MDPO needs a prediction for every masked position at every step: use single-"
                                      "block rollouts (rollout.sampler.block_length = gen_length)")
             if targets is None:
