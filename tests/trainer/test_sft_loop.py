@@ -107,3 +107,34 @@ def test_bad_rows_and_config_errors_name_the_culprit(tmp_path):
         sft_recipe(tmp_path, "algorithm.p_mask_prompt=0.1")
     with pytest.raises(ConfigError, match="unknown algorithm 'sftt'"):
         sft_recipe(tmp_path, "algorithm.name=sftt")
+
+
+def test_real_checkpoint_folder_trains_and_exports(tmp_path):
+    from tests.conftest import FIXTURES
+    recipe = sft_recipe(tmp_path, f"model.path={FIXTURES / 'sdar-tiny'}", "model.tokenizer=tiny", "model.mask_token_id=500",
+                        "model.tiny_sizes={}", "train.export=true")
+    trainer = Trainer(recipe)
+    assert trainer.model.family == "sdar"
+    trainer.run()
+    reloaded = load_model(tmp_path / "export")
+    ids = torch.randint(10, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_step(tmp_path):
+    a = Trainer(sft_recipe(tmp_path / "a", "train.steps=2")).run()
+    b = Trainer(sft_recipe(tmp_path / "b", "train.steps=2", "model.gradient_checkpointing=true")).run()
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6) and x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5)
+
+
+def test_periodic_evaluation_during_training(tmp_path):
+    recipe = sft_recipe(tmp_path, "train.steps=2", "train.eval_every=2", "eval.benchmarks=[sudoku]", "eval.limit=2",
+                        "eval.batch_size=2", "eval.template=compact", "reward.workers=0",
+                        "eval.sampler={gen_length: 8, block_length: 8, steps: 4}")
+    hist = Trainer(recipe).run()
+    assert "eval/sudoku" in hist[-1] and "eval/sudoku" not in hist[0]
+    assert (tmp_path / "eval" / "step-2" / "results.json").exists()
+    with pytest.raises(ConfigError, match="eval.benchmarks"):
+        sft_recipe(tmp_path, "train.eval_every=2")

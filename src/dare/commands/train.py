@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 
 NAME = "train"
 HELP = "post-train a diffusion LM from a recipe (SFT, LoRA, DPO/VRPO, RL); key=value overrides any recipe field"
@@ -37,11 +38,14 @@ def run(args) -> int:
         cmd = torchrun_command(nproc, ["--log-level", str(args.log_level), "train", args.recipe, *args.overrides])
         log.info("launching %d processes: %s", nproc, " ".join(cmd))
         return subprocess.call(cmd)
-    from dare.trainer.loop import Trainer
+    from dare.trainer.loop import Trainer, TrainingError
 
     trainer = Trainer(recipe)
     try:
         history = trainer.run()
+    except TrainingError as e:  # diverged: a clear message, no traceback
+        print(f"dare train: error: {e}", file=sys.stderr)
+        return 1
     finally:
         trainer.env.close()
     if trainer.env.is_main and history:

@@ -26,7 +26,7 @@ class ModelSection:
     dtype: str = "float32"  # parameter dtype (bfloat16 on GPU for real models)
     attn_backend: str = "auto"
     mask_token_id: Optional[int] = None
-    tokenizer: Optional[str] = None  # default: the model folder
+    tokenizer: Optional[str] = None  # default: the model folder; "tiny": the character tokenizer
     gradient_checkpointing: bool = False
     tiny_sizes: dict[str, int] = field(default_factory=dict)  # size overrides for tiny:<family>
     tiny_seed: int = 0
@@ -105,7 +105,7 @@ class TrainSection:
     max_bad_steps: int = 3  # NaN/inf losses or gradients: skip the step; abort after this many in a row
     export: bool = True  # write the final model in the family's HF layout (+ tokenizer) to output_dir/export
     chunk_size: int = 1024  # rows per chunk of the linear + log-softmax
-    eval_every: int = 0  # call the periodic-evaluation hook every N steps (0: never)
+    eval_every: int = 0  # evaluate on eval.benchmarks every N steps (0: never)
 
     def __post_init__(self):
         for key in ("steps", "batch_size", "micro_batch_size"):
@@ -135,6 +135,16 @@ class DistributedSection:
 
 
 @dataclass
+class EvalSection:
+    """Periodic evaluation during training (every ``train.eval_every`` steps) with ``dare.eval.evaluate``."""
+    benchmarks: list[str] = field(default_factory=list)  # e.g. [gsm8k, sudoku]; see dare.eval.BENCHMARKS
+    limit: Optional[int] = 64  # examples per benchmark
+    batch_size: int = 8
+    template: str = "reasoning"
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+
+
+@dataclass
 class LoggingSection:
     tensorboard: bool = True
     wandb: bool = False
@@ -156,8 +166,11 @@ class TrainRecipe:
     reward: RewardSection = field(default_factory=RewardSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    eval: EvalSection = field(default_factory=EvalSection)
 
     def __post_init__(self):
+        if self.train.eval_every and not self.eval.benchmarks:
+            raise ValueError("train.eval_every is set but eval.benchmarks is empty (e.g. eval.benchmarks=[sudoku])")
         if self.reference.mode == "lora_disabled" and not self.lora.enabled:
             raise ValueError("reference.mode: lora_disabled needs lora.enabled: true")
 

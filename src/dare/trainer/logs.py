@@ -79,6 +79,7 @@ class MetricsLogger:
             return None
         rows = read_metrics(self.path)
         keys = [k for k in PLOTTED if any(k in r for r in rows)]
+        keys += sorted({k for r in rows for k in r if k.startswith("eval/")})
         if not keys:
             return None
         import matplotlib

@@ -199,18 +199,24 @@ class Trainer:
         return path
 
     def periodic_eval(self, steps_done: int) -> dict:
-        """Hook for evaluation during training (``train.eval_every``): calls ``dare.eval.evaluate`` when present."""
-        try:
-            from ..eval import evaluate  # provided by the evaluation package
-        except ImportError:
-            log.warning("train.eval_every is set but dare.eval.evaluate is not available; skipping evaluation")
-            return {}
+        """Evaluate on ``eval.benchmarks`` with ``dare.eval.evaluate``; returns ``eval/<benchmark>`` scores.
+
+        Every rank runs the same evaluation (identical inputs, so FSDP's collectives stay in lockstep); rank 0 writes
+        ``eval/step-N/`` (per-sample JSONL, results.json, results.md)."""
+        from ..eval import RunOptions, evaluate
+        ec = self.recipe.eval
+        opts = RunOptions(limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=self.recipe.train.seed,
+                          resume=False, progress=False, reward_timeout=self.recipe.reward.timeout,
+                          reward_workers=self.recipe.reward.workers)
+        out = self.run_dir / "eval" / f"step-{steps_done}" if self.env.is_main else None
+        was_training = self.model.training
         self.model.eval()
         try:
-            result = evaluate(self.model, self.tokenizer, self.recipe, step=steps_done)
+            results = evaluate(self.model, self.tokenizer, list(ec.benchmarks), ec.sampler, output_dir=out,
+                               model_name=f"step-{steps_done}", options=opts)
         finally:
-            self.model.train()
-        return {f"eval/{k}": v for k, v in (result or {}).items() if isinstance(v, (int, float))}
+            self.model.train(was_training)
+        return {f"eval/{name}": float(s["score"]) for name, s in results["benchmarks"].items()}
 
     # --- run ----------------------------------------------------------------------------------------------
     def run(self) -> list[dict]:

@@ -33,7 +33,10 @@ def load_policy(model_cfg):
     if model_cfg.tiny_sizes:
         raise ValueError("model.tiny_sizes only applies to model.path: tiny:<family>")
     model = load_model(model_cfg.path, dtype=dtype, attn_backend=model_cfg.attn_backend, mask_token_id=model_cfg.mask_token_id)
-    tok = load_tokenizer(model_cfg.tokenizer or model_cfg.path)
+    # "tiny": the character tokenizer (test checkpoints such as tests/assets/fixtures/* ship no tokenizer).
+    tok = tiny_tokenizer() if model_cfg.tokenizer == "tiny" else load_tokenizer(model_cfg.tokenizer or model_cfg.path)
+    if len(tok) > model.arch.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tok)} tokens but the model's vocabulary is {model.arch.vocab_size}")
     if tok.eos_token_id is None:
         raise ValueError(f"the tokenizer of {model_cfg.tokenizer or model_cfg.path} has no EOS token; SFT answers need one")
     return model, tok
