@@ -301,3 +301,23 @@ def test_padded_tensor_prompts_equal_token_lists():
     b = generate(model, [PROMPTS[0], PROMPTS[2]], cfg)
     assert torch.equal(a.sequences, b.sequences) and a.prompt_length == 11
     assert a.attention_mask[0].tolist() == [0] * 4 + [1] * 15
+
+
+@pytest.mark.parametrize("name, cfg", [
+    ("llada-tiny", SamplerConfig(gen_length=32, block_length=8, threshold=0.3, cache="dual", block_stop=False)),
+    ("llada-tiny", SamplerConfig(gen_length=32, block_length=8, threshold=0.3, cache="prefix", block_stop=False)),
+    ("dream-tiny", SamplerConfig(gen_length=32, block_length=16, threshold=0.3, cache="dual", remasking="maskgit_plus")),
+    ("sdar-tiny", SamplerConfig(gen_length=32, block_length=8, steps_per_block=8, remasking="dynamic", threshold=0.3,
+                                cache="block")),
+])
+def test_rows_whose_block_is_done_sit_out_without_changing_results(name, cfg):
+    """Batched threshold decoding: rows finish a block after different numbers of steps and leave the cached
+    forwards early; every row still equals its solo decode."""
+    model = _fixture(name)
+    together = generate(model, PROMPTS, cfg)
+    steps = together.num_steps.tolist()
+    assert len(set(steps)) > 1  # the rows really progressed at different speeds
+    for i, p in enumerate(PROMPTS):
+        alone = generate(model, [p], cfg)
+        assert torch.equal(alone.completion_ids[0], together.completion_ids[i])
+        assert int(alone.num_steps[0]) == steps[i]

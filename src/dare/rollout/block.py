@@ -8,8 +8,9 @@ Rows then decode the same column block in lock step; a row ends after its last b
 (``ceil((p_r + G) / B)``, as the references) or when it stops.
 
 Attention is block-causal over absolute positions with the *sampler's* block length (the references build
-the mask from ``block_length``). ``cache="block"`` is exact: finished blocks' keys/values are stored once
-(prefill, then one forward per finished block) and each step feeds only the current block. ``cache="none"``
+the mask from ``block_length``). ``cache="block"`` is exact: finished blocks' keys/values are stored once and
+each step feeds only the current block; storing rides along with the next block's first step, so every
+forward is a denoising step (the references spend one extra forward per block on it). ``cache="none"``
 recomputes ``x[:, :block_end]`` every step, as LLaDA2's HF ``generate`` does.
 
 Per block: ``static`` commits the top k_s of the schedule (B split evenly over the steps), ``dynamic``
@@ -26,7 +27,7 @@ import torch
 from . import schedule as sched
 from .config import SamplerConfig
 from .selection import REMASKINGS, propose, scale_stops, select_dynamic, select_factor, select_top, suppress_stops
-from .state import DecodeState, PromptBatch
+from .state import DecodeState, PromptBatch, cache_rows
 
 
 def block_schedule(cfg: SamplerConfig) -> torch.Tensor:
@@ -70,11 +71,20 @@ def build_block_state(batch: PromptBatch, cfg: SamplerConfig, mask_id: int, pad_
 
 
 class BlockForward:
+    """Model calls of the block sampler.
+
+    With the exact cache, every forward is a denoising step: the first step of a block also feeds the
+    blocks whose keys/values are not stored yet (the prompt's full blocks, or the block just finished) and
+    stores them on the way, so no forward is spent only on storing. Block-causal attention makes this the
+    same computation as the references' separate "store the finished block" forward.
+    """
+
     def __init__(self, model, st: DecodeState, cfg: SamplerConfig):
         self.model, self.st, self.B = model, st, cfg.block_length
         self.use_cache = cfg.cache == "block"
         self.cache = model.new_cache(st.x.shape[1]) if self.use_cache else None
         self.rows = None  # global row ids held by the cache, in cache order
+        self.final = 0  # columns [0, final) hold final keys/values in the cache
 
     def _mask(self, rows, q0: int, q1: int, k1: int) -> torch.Tensor:
         """Block-causal bool mask [n, 1, q, k] over absolute positions; padding keys hidden. Padding queries
@@ -86,38 +96,32 @@ class BlockForward:
         diag = torch.arange(q0, q1, device=qb.device)[:, None] == torch.arange(k1, device=qb.device)[None, :]
         return (allowed | diag)[:, None]
 
-    def prefill(self, rows, c_end: int) -> None:
-        st = self.st
-        self.model(st.x[rows, :c_end], attention_mask=self._mask(rows, 0, c_end, c_end),
-                   position_ids=st.pos[rows, :c_end], past_key_values=self.cache, store_kv=True, compute_logits=False)
-        self.rows = rows
-
     def keep(self, rows) -> None:
         """Drop cache rows that are no longer decoded."""
-        if self.rows is None:
-            self.rows = rows
-            return
-        if rows.numel() != self.rows.numel():
+        if self.rows is not None and rows.numel() != self.rows.numel():
             self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
-            self.rows = rows
+        self.rows = rows
 
-    def logits(self, rows, c0: int, c1: int) -> torch.Tensor:
+    def logits(self, rows, c0: int, c1: int, first_step: bool) -> torch.Tensor:
+        """Logits [n, B, V] of block [c0, c1) for ``rows`` (with the cache: all rows the cache holds)."""
         st = self.st
         n = rows.numel()
+        q0 = (self.final if first_step else c0) if self.use_cache else 0
+        want = torch.zeros((n, c1 - q0), dtype=torch.bool, device=st.x.device)
+        want[:, c0 - q0:] = True
+        kw = {}
         if self.use_cache:
-            out = self.model(st.x[rows, c0:c1], attention_mask=self._mask(rows, c0, c1, c1),
-                             position_ids=st.pos[rows, c0:c1], past_key_values=self.cache, kv_start=c0)
-        else:
-            want = torch.zeros((n, c1), dtype=torch.bool, device=st.x.device)
-            want[:, c0:c1] = True
-            out = self.model(st.x[rows, :c1], attention_mask=self._mask(rows, 0, c1, c1),
-                             position_ids=st.pos[rows, :c1], logits_rows=want)
+            cache = self.cache
+            if rows.numel() != self.rows.numel():  # rows done with this block sit out (scratch step only)
+                if first_step:
+                    raise RuntimeError("the storing step of a block must run every cached row")
+                cache = cache_rows(cache, torch.searchsorted(self.rows, rows))
+            kw = dict(past_key_values=cache, kv_start=q0, store_kv=first_step)
+        out = self.model(st.x[rows, q0:c1], attention_mask=self._mask(rows, q0, c1, c1), position_ids=st.pos[rows, q0:c1],
+                         logits_rows=want, **kw)
+        if self.use_cache and first_step:
+            self.final = c0  # everything before this block is final now; the block's own slots are scratch
         return out.logits.float().view(n, c1 - c0, -1)
-
-    def commit(self, rows, c0: int, c1: int) -> None:
-        st = self.st
-        self.model(st.x[rows, c0:c1], attention_mask=self._mask(rows, c0, c1, c1), position_ids=st.pos[rows, c0:c1],
-                   past_key_values=self.cache, kv_start=c0, store_kv=True, compute_logits=False)
 
 
 def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
@@ -127,12 +131,8 @@ def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
     counts = None if cfg.editing else block_schedule(cfg).to(st.x.device)
     B = cfg.block_length
     fwd = BlockForward(model, st, cfg)
-    K = st.first_block
-    if fwd.use_cache and K > 0:
-        fwd.prefill(st.active(), K * B)
-        st.nfe += 1
     n_col_blocks = st.x.shape[1] // B
-    for cb in range(K, n_col_blocks):
+    for cb in range(st.first_block, n_col_blocks):
         act = st.active()
         if act.numel() == 0:
             break
@@ -146,16 +146,19 @@ def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
         if cfg.block_stop or (cfg.editing and cfg.eos_early_stop):
             st.finish_rows_with_stop(act, final_only=False)
         st.finished[act[st.last_block[act] == cb]] = True
-        nxt = st.active()
-        if fwd.use_cache and nxt.numel() > 0:  # store the finished block for the rows that go on
-            fwd.keep(nxt)
-            fwd.commit(nxt, c0, c1)
-            st.nfe += 1
     st.finished[:] = True
 
 
-def _propose(st, cfg, remask, rows, logits, total_steps):
-    cand = propose(logits, remask, cfg.temperature, cfg.top_k, cfg.top_p, st.row_gens(rows), masked_model=False)
+def _block_logits(fwd, act, open_, c0, c1, first_step):
+    """Logits of the open rows (the storing first step of a block runs every cached row)."""
+    if fwd.use_cache and first_step:
+        return fwd.logits(act, c0, c1, first_step)[open_]
+    return fwd.logits(act[open_], c0, c1, first_step)
+
+
+def _propose(st, cfg, remask, rows, logits, total_steps, forbid_mask: bool = True):
+    cand = propose(logits, remask, cfg.temperature, cfg.top_k, cfg.top_p, st.row_gens(rows), masked_model=False,
+                   forbid=st.mask_id if forbid_mask else None)
     score = cand.score
     if cfg.suppress_eos_confidence:
         score = suppress_stops(score, cand.x0, st.stop_ids)
@@ -177,7 +180,7 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1) -> None:
         if i > max(spb, c1 - c0):  # every rule commits at least min(k, #masks) >= 1 token per step
             raise RuntimeError(f"block at column {c0} did not finish after {i} steps (sampler bug)")
         rows = act[open_]
-        logits = fwd.logits(act, c0, c1)[open_] if fwd.use_cache else fwd.logits(rows, c0, c1)
+        logits = _block_logits(fwd, act, open_, c0, c1, i == 0)
         st.nfe += 1
         cur = st.x[rows, c0:c1]
         eligible = cur == st.mask_id
@@ -196,12 +199,19 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1) -> None:
 
 
 def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
-    """LLaDA2.1: mask-to-token (threshold, at least num_to_transfer) plus token-to-token edits."""
+    """LLaDA2.1: mask-to-token (threshold, at least num_to_transfer) plus token-to-token edits.
+
+    Edits follow the reference's greedy argmax even when it is the mask token (that re-masks the position;
+    the random fixture model does it). Should edits keep a block from settling for 4 x block_length + 
+    max_post_steps passes, edits stop and the remaining masks are filled (the reference would loop on).
+    """
     n = act.numel()
     post = torch.zeros(n, dtype=torch.long, device=st.x.device)
     done = st.finished[act].clone()
     prompt = st.is_prompt[act, c0:c1]
     k_min = torch.full((n,), cfg.num_to_transfer, dtype=torch.long, device=st.x.device)
+    limit = 4 * (c1 - c0) + cfg.max_post_steps
+    it = 0
     while True:
         cur_all = st.x[act, c0:c1]
         had_mask = (cur_all == st.mask_id).any(1)
@@ -211,14 +221,17 @@ def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
         if not bool(run.any()):
             break
         rows = act[run]
-        logits = fwd.logits(act, c0, c1)[run] if fwd.use_cache else fwd.logits(rows, c0, c1)
+        logits = _block_logits(fwd, act, run, c0, c1, it == 0)
         st.nfe += 1
         cur = cur_all[run]
         eligible = cur == st.mask_id
         x0, score = _propose(st, cfg, remask, rows, logits, 1)
+        x0_e, score_e = (_propose(st, cfg, remask, rows, logits, 1, forbid_mask=False) if cfg.temperature == 0
+                         else (x0, score))
         unmask = select_dynamic(score, eligible, cfg.threshold, k_min[run]) & eligible
-        edit = ~eligible & ~prompt[run] & (score > cfg.editing_threshold) & (x0 != cur)
-        written = unmask | edit
-        st.commit(rows, c0, torch.where(written, x0, cur), written, x0=x0, score=score, predicted=~prompt[run])
-        settled = ~had_mask[run] & ~edit.any(1)
-        done[run] = settled
+        edit = ~eligible & ~prompt[run] & (score_e > cfg.editing_threshold) & (x0_e != cur) & (it < limit)
+        new = torch.where(unmask, x0, torch.where(edit, x0_e, cur))
+        st.commit(rows, c0, new, unmask | edit, x0=torch.where(eligible, x0, x0_e),
+                  score=torch.where(eligible, score, score_e), predicted=~prompt[run])
+        done[run] = ~had_mask[run] & ~edit.any(1)
+        it += 1

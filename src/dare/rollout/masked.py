@@ -25,7 +25,7 @@ from . import schedule as sched
 from .config import SamplerConfig
 from .selection import (REMASKINGS, propose, ranks, scale_stops, select_dynamic, select_factor, select_sampled,
                         select_threshold, select_top, suppress_stops)
-from .state import DecodeState, PromptBatch
+from .state import DecodeState, PromptBatch, cache_rows
 
 
 def masked_steps(cfg: SamplerConfig) -> tuple[int, int]:
@@ -92,17 +92,24 @@ class MaskedForward:
     def refresh(self, rows, c0: int, c1: int) -> torch.Tensor:
         """Full forward that (re)builds the cache of every position, then keeps what the mode needs."""
         W = self.st.x.shape[1]
-        self.cache = self.model.new_cache(W)
+        self.cache, self.rows = self.model.new_cache(W), rows
         logits = self._call(rows, 0, W, c0, c1, past_key_values=self.cache, store_kv=True)
         if self.kind == "prefix":
             self.cache.crop(c0 - self.shift)
         return logits
 
     def step(self, rows, c0: int, c1: int) -> torch.Tensor:
+        """A cached step for ``rows`` (a subset of the refreshed rows: the step's keys/values are scratch)."""
+        cache = self.cache
+        if rows.numel() != self.rows.numel():
+            idx = torch.searchsorted(self.rows, rows)
+            if self.cfg_scale > 0:  # the cache holds [conditional rows ; unconditional rows]
+                idx = torch.cat([idx, idx + self.rows.numel()])
+            cache = cache_rows(cache, idx)
         f0 = c0 - self.shift
         if self.kind == "prefix":
-            return self._call(rows, f0, self.st.x.shape[1], c0, c1, past_key_values=self.cache)
-        return self._call(rows, f0, c1, c0, c1, past_key_values=self.cache, kv_start=f0)
+            return self._call(rows, f0, self.st.x.shape[1], c0, c1, past_key_values=cache)
+        return self._call(rows, f0, c1, c0, c1, past_key_values=cache, kv_start=f0)
 
 
 def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
@@ -133,10 +140,10 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
                 break
             if i > max(spb, BL):  # every rule commits >= 1 token per step, or the schedule's count
                 raise RuntimeError(f"block {b} did not finish after {i} steps (sampler bug)")
-            if cached:  # the cache holds every active row: all of them run, the open ones are used
-                logits = (fwd.refresh if i == 0 else fwd.step)(act, c0, c1)[open_]
+            if cached and i == 0:  # the refresh builds the cache of every active row
+                logits = fwd.refresh(act, c0, c1)[open_]
             else:
-                logits = fwd.full(act[open_], c0, c1)
+                logits = (fwd.step if cached else fwd.full)(act[open_], c0, c1)
             st.nfe += 1
             rows = act[open_]
             step_i = min(i, spb - 1)
@@ -165,7 +172,8 @@ def _decide(ctx: _StepContext, logits: torch.Tensor, counts: torch.Tensor, run_c
     cur = st.x[rows, c0:c0 + BL]
     eligible = cur == st.mask_id
     gens = st.row_gens(rows)
-    cand = propose(logits, ctx.remask, cfg.temperature, cfg.top_k, cfg.top_p, gens, masked_model=True)
+    cand = propose(logits, ctx.remask, cfg.temperature, cfg.top_k, cfg.top_p, gens, masked_model=True,
+                   forbid=st.mask_id)
     score = cand.score
     if cfg.suppress_eos_confidence:
         score = suppress_stops(score, cand.x0, st.stop_ids)

@@ -88,18 +88,29 @@ class Candidates:
     score: torch.Tensor  # [R, L] confidence used for ranking (float32 or float64)
 
 
+def _without(logits: torch.Tensor, token: Optional[int]) -> torch.Tensor:
+    """Logits with ``token`` (the mask id) ruled out as a candidate. A "committed" mask would stay masked
+    forever; a trained model never predicts it, a random one can. Confidences still come from the full
+    distribution, so decoding is unchanged whenever the mask token is not the top candidate."""
+    if token is None:
+        return logits
+    out = logits.clone()
+    out[..., token] = float("-inf")
+    return out
+
+
 def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, top_p,
-            gens: Optional[Sequence[torch.Generator]], masked_model: bool) -> Candidates:
-    """Candidate tokens and their scores for every position of the block."""
+            gens: Optional[Sequence[torch.Generator]], masked_model: bool, forbid: Optional[int] = None) -> Candidates:
+    """Candidate tokens and their scores for every position of the block (never the ``forbid`` token)."""
     logits = logits.float()
     if masked_model and remask.gumbel64:
         filt = filter_logits(logits, top_k, top_p)
         if temperature > 0:
             # LLaDA: argmax exp(l) / (-log u)^T in float64 == a sample from softmax(l / T).
             u = _per_row_uniform(gens, logits.shape[1:], torch.float64, logits.device)
-            x0 = (filt.double().exp() / (-torch.log(u)) ** temperature).argmax(-1)
+            x0 = _without(filt.double().exp() / (-torch.log(u)) ** temperature, forbid).argmax(-1)
         else:
-            x0 = filt.argmax(-1)
+            x0 = _without(filt, forbid).argmax(-1)
         if remask.score == "uniform":
             score = _per_row_uniform(gens, x0.shape[1:], torch.float32, x0.device)
         else:
@@ -108,7 +119,10 @@ def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, 
     scaled = logits / temperature if temperature > 0 else logits
     filt = filter_logits(scaled, top_k, top_p)
     probs = filt.softmax(-1)
-    x0 = _categorical(probs, gens) if temperature > 0 else filt.argmax(-1)
+    if temperature > 0:
+        x0 = _categorical(probs if forbid is None else filter_logits(_without(scaled, forbid), top_k, top_p).softmax(-1), gens)
+    else:
+        x0 = _without(filt, forbid).argmax(-1)
     if remask.score == "margin":
         top2 = probs.topk(2, dim=-1).values
         score = top2[..., 0] - top2[..., 1]

@@ -186,6 +186,16 @@ class DecodeState:
         return Trajectory(states=states, x0=preds, confidence=conf, num_steps=self.row_steps.clone(), valid=valid)
 
 
+def cache_rows(cache, idx: torch.Tensor):
+    """A copy of ``cache`` holding only batch rows ``idx``, for steps whose new keys/values are scratch (a
+    denoising step that stores nothing): rows whose block is finished need not run while others finish."""
+    sub = type(cache)(cache.num_layers, cache.capacity_hint)
+    sub.k = [None if k is None else k.index_select(0, idx) for k in cache.k]
+    sub.v = [None if v is None else v.index_select(0, idx) for v in cache.v]
+    sub.length = cache.length
+    return sub
+
+
 def make_stop_ids(config_stop_ids: Sequence[int], adapter, device) -> torch.Tensor:
     ids = list(config_stop_ids) if config_stop_ids else list(adapter.all_stop_ids)
     return torch.tensor(sorted(set(int(i) for i in ids)), dtype=torch.long, device=device)
