@@ -72,3 +72,16 @@ def test_d1_runs_on_other_families(tmp_path, family):
     hist = Trainer(d1_recipe(tmp_path, f"model.path=tiny:{family}", "train.steps=2",
                              "rollout.sampler={gen_length: 8, block_length: 4, steps: 8, temperature: 1.0}")).run()
     assert len(hist) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in hist)
+
+
+def test_reference_sync_mixes_policy_into_the_copy(tmp_path):
+    from dare.trainer.reference import CopyReference
+    trainer = Trainer(d1_recipe(tmp_path, "train.steps=1", "algorithm.beta=0.04", "algorithm.ref_sync_every=1",
+                                "algorithm.ref_sync_alpha=0.6"))
+    assert isinstance(trainer.reference, CopyReference)
+    before = [p.detach().clone() for p in trainer.reference.model.parameters()]
+    trainer.run()
+    for r0, r1, p in zip(before, trainer.reference.model.parameters(), trainer.model.parameters()):
+        assert torch.allclose(r1, 0.6 * p.detach() + 0.4 * r0, atol=1e-6)
+    with pytest.raises(ValueError, match="ref_sync_every"):  # d1's default sync needs a copy, not the LoRA-disabled base
+        Trainer(d1_recipe(tmp_path / "lora", "lora.enabled=true", "reference.mode=auto", "algorithm.ref_sync_every=64"))

@@ -138,3 +138,13 @@ def test_periodic_evaluation_during_training(tmp_path):
     assert (tmp_path / "eval" / "step-2" / "results.json").exists()
     with pytest.raises(ConfigError, match="eval.benchmarks"):
         sft_recipe(tmp_path, "train.eval_every=2")
+
+
+def test_every_top_level_recipe_is_valid():
+    from dare.config.recipe import load_recipe
+    from tests.trainer.helpers import ROOT
+    recipes = sorted((ROOT / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 10
+    for path in recipes:
+        recipe = load_recipe(path)
+        assert recipe.algorithm.name in path.name or recipe.algorithm.name == "sft", path

@@ -77,6 +77,10 @@ class Trainer:
         self.reference = None
         if self.algo.needs_reference:  # copied before sharding, then sharded the same way
             self.reference = build_reference(recipe.reference.mode, model, recipe.lora.enabled)
+        sync_every = getattr(self.algo, "reference_sync", (0, 1.0))[0]
+        if sync_every and self.reference is not None and not isinstance(self.reference, CopyReference):
+            raise ValueError(f"algorithm.ref_sync_every={sync_every} needs a frozen copy to update: set reference.mode: "
+                             f"copy, or algorithm.ref_sync_every: 0 to keep the LoRA-disabled base as the reference")
         self.fsdp = self.env.distributed and recipe.distributed.fsdp
         if self.env.distributed and not recipe.distributed.fsdp:
             raise ValueError("distributed.fsdp: false with several processes is not supported (use FSDP2 or nproc: 1)")
