@@ -54,3 +54,11 @@ def test_lora_preference_training_uses_the_adapter_disabled_base_as_reference(tm
     hist = trainer.run()
     assert hist[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)  # LoRA-B starts at 0: policy == base
     assert hist[-1]["loss"] != pytest.approx(math.log(2), abs=1e-3)
+
+
+@pytest.mark.parametrize("family", ["llada_moe", "dream", "sdar_moe", "llada2_moe"])
+def test_preference_training_runs_on_every_family(tmp_path, family):
+    hist = Trainer(_pref_recipe(tmp_path, f"model.path=tiny:{family}", "algorithm.mc_samples=2", "train.steps=2",
+                                "train.batch_size=4", "reference.mode=copy")).run()
+    assert hist[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert math.isfinite(hist[1]["loss"])

@@ -84,3 +84,16 @@ def test_d1_two_processes_reproduce_one_process(tmp_path):
         assert a["completion_len"] == b["completion_len"]  # the same rollouts on 1 or 2 ranks
         for key in ("loss", "kl", "entropy", "grad_norm", "ratio_mean"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["model.path=tiny:sdar"], ["lora.enabled=true", "reference.mode=auto", "optim.lr=1e-2"]],
+                         ids=["vrpo-sdar", "lora-vrpo-llada"])
+def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
+    args = ["train.steps=3", "train.batch_size=4", "train.micro_batch_size=1", "algorithm.mc_samples=2",
+            f"data.pairs={ROOT / 'tests/assets/data/toy_pref.jsonl'}", *extra]
+    one = _train(tmp_path / "one", *args, recipe="recipes/vrpo_tiny.yaml")
+    two = _train(tmp_path / "two", *args, "distributed.nproc=2", recipe="recipes/vrpo_tiny.yaml")
+    for a, b in zip(one, two):
+        for key in ("loss", "grad_norm", "reward_margin"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)

@@ -67,7 +67,7 @@ def test_d1_exact_resume(tmp_path):
     assert [h["reward_mean"] for h in hist] == [h["reward_mean"] for h in straight[1:]]
 
 
-@pytest.mark.parametrize("family", ["dream", "sdar", "llada2_moe"])
+@pytest.mark.parametrize("family", ["llada_moe", "dream", "sdar", "sdar_moe", "llada2_moe"])
 def test_d1_runs_on_other_families(tmp_path, family):
     hist = Trainer(d1_recipe(tmp_path, f"model.path=tiny:{family}", "train.steps=2",
                              "rollout.sampler={gen_length: 8, block_length: 4, steps: 8, temperature: 1.0}")).run()
