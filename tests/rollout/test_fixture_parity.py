@@ -68,3 +68,22 @@ def test_batched_prompts_of_different_lengths_match_the_reference(group):
     assert r.prompt_index.tolist() == list(range(len(group)))
     for i, case in enumerate(group):
         _check_tokens(case, r.completion_ids[i], r.completion_mask[i])
+
+
+OVERFLOW = [c for f in ("sdar-tiny", "sdarmoe-tiny") for c in load_cases(f) if c.raw["diagnostics"]["topk_overflow_steps"]]
+
+
+@pytest.mark.parametrize("case", OVERFLOW, ids=lambda c: c.id)
+def test_sdar_topk_overflow_is_not_reproduced(case):
+    """Where the SDAR reference's top-k overflows and rewrites prompt or committed tokens, we commit only
+    masks: the prompt stays intact and no written token is ever changed."""
+    assert case.raw["prompt_tokens_overwritten"] or case.raw["diagnostics"]["committed_tokens_overwritten_at"]
+    cfg = dataclasses.replace(case.config, record_trajectory=True)
+    r = generate(_model(case.folder, case.dtype), [case.prompt], cfg)
+    assert r.prompt_ids[0].tolist() == case.prompt
+    t = r.trajectory
+    states = torch.cat([t.states[0, :int(r.num_steps[0])], r.completion_ids[:1]])
+    for before, after in zip(states[:-1], states[1:]):
+        written = before != 500
+        assert torch.equal(after[written], before[written])
+    assert (r.step_map[0] >= 0).all()
