@@ -122,6 +122,11 @@ def test_completion_mask_and_text_stop_at_the_first_stop_token():
     assert stopped.nfe == 8 * (pos // 8 + 1) < 32
     never = (stopped.step_map[0] == -1)
     assert never.any() and (stopped.completion_ids[0][never] == model.adapter.eos_token_id).all()
+    # eos_early_stop ends the row at the first step after which nothing before the stop token is masked
+    early = generate(model, [PROMPTS[0]], dataclasses.replace(cfg, stop_token_ids=[stop], eos_early_stop=True))
+    base_steps = generate(model, [PROMPTS[0]], cfg).step_map[0]
+    assert early.completion_ids[0, :pos + 1].tolist() == base[:pos + 1]
+    assert early.nfe == int(base_steps[:pos + 1].max()) + 1 <= stopped.nfe
 
 
 def test_rcr_unmasked_count_equals_the_cumulative_schedule_after_every_step():
@@ -321,3 +326,14 @@ def test_rows_whose_block_is_done_sit_out_without_changing_results(name, cfg):
         alone = generate(model, [p], cfg)
         assert torch.equal(alone.completion_ids[0], together.completion_ids[i])
         assert int(alone.num_steps[0]) == steps[i]
+
+
+def test_factor_decoding_commits_at_least_one_token_per_step():
+    model = _fixture("llada-tiny")
+    for cache in ("none", "dual"):
+        cfg = SamplerConfig(gen_length=32, block_length=8, factor=1.0, cache=cache, block_stop=False)
+        r = generate(model, PROMPTS, cfg)
+        assert r.nfe < 32 and (r.completion_ids != 500).all()
+        for row, n in zip(r.step_map, r.num_steps):
+            counts = torch.bincount(row, minlength=int(n))
+            assert (counts >= 1).all() and len(counts) == int(n)
