@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from dare.algorithms import StepContext, build_algorithm
@@ -5,6 +6,15 @@ from dare.algorithms.d1 import D1Config
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: intra-op threads only spin on a shared 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _setup(**cfg):

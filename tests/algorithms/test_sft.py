@@ -11,6 +11,15 @@ from dare.trainer.data import SFTDoc, pack_first_fit, sft_rows_batch
 from tests.conftest import FIXTURES
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: intra-op threads only spin on a shared 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _docs(n=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     docs = []
