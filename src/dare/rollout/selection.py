@@ -88,41 +88,57 @@ class Candidates:
     score: torch.Tensor  # [R, L] confidence used for ranking (float32 or float64)
 
 
-def _without(logits: torch.Tensor, token: Optional[int]) -> torch.Tensor:
-    """Logits with ``token`` (the mask id) ruled out as a candidate. A "committed" mask would stay masked
-    forever; a trained model never predicts it, a random one can. Confidences still come from the full
-    distribution, so decoding is unchanged whenever the mask token is not the top candidate."""
+def _argmax_excluding(scores: torch.Tensor, token: Optional[int]) -> torch.Tensor:
+    """argmax over the last axis, never ``token`` (the mask id): a "committed" mask would stay masked
+    forever. A trained model never predicts it, a random one can. Where the argmax is not ``token`` this is
+    exactly ``argmax`` (first index on ties), so decoding equals the references'."""
+    x0 = scores.argmax(-1)
     if token is None:
-        return logits
-    out = logits.clone()
-    out[..., token] = float("-inf")
-    return out
+        return x0
+    top2 = scores.topk(2, dim=-1).indices
+    alt = torch.where(top2[..., 0] == token, top2[..., 1], top2[..., 0])
+    return torch.where(x0 == token, alt, x0)
+
+
+def _prob_at(logits: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype, chunk_elems: int = 1 << 24) -> torch.Tensor:
+    """softmax(logits)[idx] computed in ``dtype`` (Fast-dLLM: float64) a bounded number of rows at a time, so a
+    large vocabulary times many rows never materialises a full float64 copy."""
+    V = logits.shape[-1]
+    flat, flat_idx = logits.reshape(-1, V), idx.reshape(-1, 1)
+    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+    step = max(1, chunk_elems // V)
+    for s in range(0, flat.shape[0], step):
+        part = flat[s:s + step].to(dtype)
+        out[s:s + step] = (part.gather(1, flat_idx[s:s + step])[:, 0] - torch.logsumexp(part, -1)).exp()
+    return out.view(idx.shape)
 
 
 def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, top_p,
             gens: Optional[Sequence[torch.Generator]], masked_model: bool, forbid: Optional[int] = None) -> Candidates:
-    """Candidate tokens and their scores for every position of the block (never the ``forbid`` token)."""
+    """Candidate tokens and their scores for every position of the block (never the ``forbid`` token;
+    confidences still come from the full distribution)."""
     logits = logits.float()
     if masked_model and remask.gumbel64:
         filt = filter_logits(logits, top_k, top_p)
         if temperature > 0:
             # LLaDA: argmax exp(l) / (-log u)^T in float64 == a sample from softmax(l / T).
             u = _per_row_uniform(gens, logits.shape[1:], torch.float64, logits.device)
-            x0 = _without(filt.double().exp() / (-torch.log(u)) ** temperature, forbid).argmax(-1)
+            x0 = _argmax_excluding(filt.double().exp() / (-torch.log(u)) ** temperature, forbid)
         else:
-            x0 = _without(filt, forbid).argmax(-1)
+            x0 = _argmax_excluding(filt, forbid)
         if remask.score == "uniform":
             score = _per_row_uniform(gens, x0.shape[1:], torch.float32, x0.device)
         else:
-            score = filt.double().softmax(-1).gather(-1, x0[..., None]).squeeze(-1)
+            score = _prob_at(filt, x0, torch.float64)
         return Candidates(x0, score)
     scaled = logits / temperature if temperature > 0 else logits
     filt = filter_logits(scaled, top_k, top_p)
     probs = filt.softmax(-1)
     if temperature > 0:
-        x0 = _categorical(probs if forbid is None else filter_logits(_without(scaled, forbid), top_k, top_p).softmax(-1), gens)
+        drop = torch.tensor([forbid], device=probs.device) if forbid is not None else None
+        x0 = _categorical(probs if drop is None else probs.index_fill(-1, drop, 0.0), gens)
     else:
-        x0 = _without(filt, forbid).argmax(-1)
+        x0 = _argmax_excluding(filt, forbid)
     if remask.score == "margin":
         top2 = probs.topk(2, dim=-1).values
         score = top2[..., 0] - top2[..., 1]

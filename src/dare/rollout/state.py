@@ -72,7 +72,7 @@ def sample_generators(num_prompts: int, n: int, generator: Optional[torch.Genera
         if len(seeds) != num_prompts:
             raise ValueError(f"seeds has {len(seeds)} entries for {num_prompts} prompts (one seed per prompt)")
     else:
-        base = int(torch.randint(0, 2**62, (1,), generator=generator).item()) if generator is not None else 0
+        base = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)) if generator is not None else 0
         seeds = [derive_seed(base, "rollout-prompt", i) for i in range(num_prompts)]
     dev = torch.device(device)
     gens, sample_seeds = [], []
