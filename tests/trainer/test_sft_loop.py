@@ -148,3 +148,11 @@ def test_every_top_level_recipe_is_valid():
     for path in recipes:
         recipe = load_recipe(path)
         assert recipe.algorithm.name in path.name or recipe.algorithm.name == "sft", path
+
+
+def test_bf16_mixed_precision_keeps_fp32_parameters(tmp_path):
+    t = Trainer(sft_recipe(tmp_path, "train.steps=2", "train.mixed_precision=bf16"))
+    hist = t.run()
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())
+    fp32 = Trainer(sft_recipe(tmp_path / "fp32", "train.steps=1")).run()
+    assert hist[0]["loss"] != fp32[0]["loss"] and abs(hist[0]["loss"] - fp32[0]["loss"]) < 0.05 * fp32[0]["loss"]

@@ -66,15 +66,15 @@ class GRPOConfig(AlgorithmConfig):
 
 def group_mean_std(values: torch.Tensor, groups: torch.Tensor):
     """Per-sample group mean, population std and group size (values ``[B]`` or ``[B, S]``: per column)."""
-    _, inv = torch.unique(groups, return_inverse=True)
-    n_groups = int(inv.max()) + 1 if inv.numel() else 0
     v = values.double()
+    _, inv = torch.unique(groups.to(v.device), return_inverse=True)
+    n_groups = int(inv.max()) + 1 if inv.numel() else 0
     shape = (n_groups,) + tuple(v.shape[1:])
     counts = torch.bincount(inv, minlength=n_groups).double()
     cshape = (-1,) + (1,) * (v.dim() - 1)
-    mean = torch.zeros(shape, dtype=v.dtype).index_add_(0, inv, v) / counts.view(cshape)
+    mean = torch.zeros(shape, dtype=v.dtype, device=v.device).index_add_(0, inv, v) / counts.view(cshape)
     dev = (v - mean[inv]) ** 2
-    var = torch.zeros(shape, dtype=v.dtype).index_add_(0, inv, dev) / counts.view(cshape)
+    var = torch.zeros(shape, dtype=v.dtype, device=v.device).index_add_(0, inv, dev) / counts.view(cshape)
     return mean[inv], var.sqrt()[inv], counts[inv].view(cshape).expand_as(v)
 
 
@@ -208,7 +208,7 @@ class GRPOAlgorithm(Algorithm):
         cfg = self.config
         rewards, groups = batch["rewards"], batch["group"]
         adv = group_advantages(rewards, groups, cfg.advantage, cfg.advantage_eps)
-        active = torch.ones(batch.size)
+        active = torch.ones(batch.size, device=adv.device)
         if cfg.filter_zero_variance:
             active = (~zero_variance_groups(rewards, groups)).float()
         batch["active"] = active.to(adv.device)

@@ -105,6 +105,9 @@ class TrainSection:
     max_bad_steps: int = 3  # NaN/inf losses or gradients: skip the step; abort after this many in a row
     export: bool = True  # write the final model in the family's HF layout (+ tokenizer) to output_dir/export
     chunk_size: int = 1024  # rows per chunk of the linear + log-softmax
+    # bf16: compute in bfloat16 with fp32 parameters/optimizer (FSDP2 MixedPrecisionPolicy with fp32 gradient
+    # reduction; torch.autocast in a single process). Keep model.dtype float32 with it.
+    mixed_precision: Literal["none", "bf16"] = "none"
     eval_every: int = 0  # evaluate on eval.benchmarks every N steps (0: never)
 
     def __post_init__(self):

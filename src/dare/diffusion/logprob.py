@@ -21,6 +21,8 @@ class _LinearLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk: int, temperature: float, want_entropy: bool):
+        ctx.weight_dtype = weight.dtype
+        weight = weight.to(hidden.dtype)  # bf16 hidden states under autocast / mixed precision: matmul in their dtype
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -65,7 +67,7 @@ class _LinearLogProb(torch.autograd.Function):
                 grad_h[s:e] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:
                 grad_w.addmm_(grad_logits.t(), hidden[s:e].float())
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None
 
 
 def linear_log_prob(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: Optional[int] = DEFAULT_CHUNK,

@@ -86,15 +86,21 @@ class DistEnv:
             dist.destroy_process_group()
 
 
-def shard_model(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
-    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head)."""
+def shard_model(model: torch.nn.Module, env: DistEnv, mixed_precision: str = "none") -> torch.nn.Module:
+    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head).
+
+    ``mixed_precision="bf16"``: parameters are all-gathered in bfloat16 for compute and gradients reduced in fp32,
+    while the sharded parameters and the optimizer state stay fp32."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(env.device.type, (env.world_size,))
+    kw = {"mesh": mesh}
+    if mixed_precision == "bf16":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     # MoE experts that receive no token on one rank get no gradient there; reduce zeros for them so every rank
     # issues the same reduce-scatters (otherwise the collectives mismatch and the run hangs).
     model.set_reduce_scatter_unused_params(True)

@@ -14,6 +14,7 @@ final export.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -84,10 +85,14 @@ class Trainer:
         self.fsdp = self.env.distributed and recipe.distributed.fsdp
         if self.env.distributed and not recipe.distributed.fsdp:
             raise ValueError("distributed.fsdp: false with several processes is not supported (use FSDP2 or nproc: 1)")
+        mp = recipe.train.mixed_precision
         if self.fsdp:
-            shard_model(model, self.env)
+            shard_model(model, self.env, mp)
             if isinstance(self.reference, CopyReference):
-                shard_model(self.reference.model, self.env)
+                shard_model(self.reference.model, self.env, mp)
+        # Single process: autocast does what FSDP's mixed-precision policy does under FSDP.
+        self._autocast = (lambda: torch.autocast(self.env.device.type, dtype=torch.bfloat16)) if mp == "bf16" and not self.fsdp \
+            else contextlib.nullcontext
         model.train()
         self.model = model
         self.optimizer = build_optimizer(model.parameters(), recipe.optim)
@@ -136,9 +141,11 @@ class Trainer:
         ctx = self.step_context(step)
         metrics: dict[str, float] = {}
         if self.rollout is not None:  # (1) rollout, (2) reward
-            batch, rollout_metrics = self.rollout.collect(ctx, batch, self.model)
+            with self._autocast():
+                batch, rollout_metrics = self.rollout.collect(ctx, batch, self.model)
             metrics.update(rollout_metrics)
-        stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
+        with self._autocast():
+            stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
         adv = self.algo.advantages(ctx, batch)  # (4)
         if adv is not None:
             batch["advantages"] = adv
@@ -147,7 +154,8 @@ class Trainer:
         n_it = self.algo.inner_iterations
         for it in range(n_it):  # (5)
             grad_sync = (lambda flag: set_grad_sync(self.model, flag)) if self.fsdp else None
-            m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size), grad_sync)
+            with self._autocast():
+                m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size), grad_sync)
             m = self.env.all_reduce_sums(m)
             grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")))
             m["grad_norm"] = grad_norm
