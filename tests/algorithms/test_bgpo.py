@@ -8,7 +8,8 @@ from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
+# shared tiny `dare train` runners and the autouse one-thread fixture
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -148,6 +149,11 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, BGPOConfig) and recipe.algorithm.num_mc == 16
 
 
-@pytest.mark.parametrize("family", ["llada", "sdar", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow), pytest.param("sdar_moe", marks=pytest.mark.slow), pytest.param("llada2_moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["llada", "sdar", "llada_moe", "dream", "sdar_moe", "llada2_moe"])
 def test_end_to_end_two_steps(tmp_path, family):
     run_rl_recipe(tmp_path, "bgpo", family, "algorithm.num_mc=2")
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    learns_toy_reward(tmp_path, "bgpo", "sdar", "algorithm.num_mc=4")

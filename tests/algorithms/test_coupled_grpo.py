@@ -8,7 +8,8 @@ from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
+# shared tiny `dare train` runners and the autouse one-thread fixture
+from tests.algorithms.test_espo import ROOT, one_thread, run_rl_recipe  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -149,6 +150,6 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, CoupledGRPOConfig) and recipe.algorithm.full_mask_view
 
 
-@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["llada", "llada_moe", "dream"])
 def test_end_to_end_two_steps(tmp_path, family):
     run_rl_recipe(tmp_path, "coupled_grpo", family, "algorithm.inner_iterations=2")

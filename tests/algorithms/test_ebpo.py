@@ -8,7 +8,8 @@ from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
+# shared tiny `dare train` runners and the autouse one-thread fixture
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
 
 
 def _setup(family="sdar", **cfg):
@@ -147,6 +148,11 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, EBPOConfig) and recipe.algorithm.num_mc == 16
 
 
-@pytest.mark.parametrize("family", ["sdar", pytest.param("sdar_moe", marks=pytest.mark.slow), pytest.param("llada2_moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["sdar", "sdar_moe", "llada2_moe"])
 def test_end_to_end_two_steps(tmp_path, family):
     run_rl_recipe(tmp_path, "ebpo", family, "algorithm.num_mc=2", "algorithm.inner_iterations=2")
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    learns_toy_reward(tmp_path, "ebpo", "sdar", "algorithm.num_mc=4")

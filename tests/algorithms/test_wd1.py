@@ -7,7 +7,8 @@ from dare.config.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import ROOT, run_rl_recipe  # shared tiny `dare train` runner
+# shared tiny `dare train` runners and the autouse one-thread fixture
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -97,6 +98,11 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, WD1Config) and recipe.algorithm.beta == 0.0
 
 
-@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow), pytest.param("dream", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["llada", "llada_moe", "dream"])
 def test_end_to_end_two_steps(tmp_path, family):
     run_rl_recipe(tmp_path, "wd1", family, "algorithm.inner_iterations=2")
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    learns_toy_reward(tmp_path, "wd1", "llada", "algorithm.inner_iterations=2")
