@@ -9,7 +9,7 @@ from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, one_thread, run_rl_recipe  # noqa: F401
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -153,3 +153,8 @@ def test_recipe_defaults():
 @pytest.mark.parametrize("family", ["llada", "llada_moe", "dream"])
 def test_end_to_end_two_steps(tmp_path, family):
     run_rl_recipe(tmp_path, "coupled_grpo", family, "algorithm.inner_iterations=2")
+
+
+@pytest.mark.slow
+def test_learns_a_toy_reward(tmp_path):
+    learns_toy_reward(tmp_path, "coupled_grpo", "llada", "algorithm.beta=0.0")
