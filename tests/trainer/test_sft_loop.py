@@ -55,6 +55,8 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     (ck / "step-5").mkdir()  # no COMPLETE marker: a kill during save
     (ck / ".tmp-step-6").mkdir()
     assert Trainer(sft_recipe(tmp_path, "train.steps=3")).start_step == 2
+    with pytest.raises(ValueError, match="resume=never"):  # would mix two runs' checkpoints in one folder
+        Trainer(sft_recipe(tmp_path, "train.steps=3", "train.resume=never"))
 
 
 @dataclass

@@ -291,6 +291,11 @@ class Algorithm:
         return False
 
     @property
+    def reference_sync(self) -> tuple[int, float]:
+        """(every N steps, alpha): mix the policy into a frozen-copy reference, ``ref <- a * policy + (1 - a) * ref``."""
+        return 0, 1.0
+
+    @property
     def mc_samples(self) -> int:
         """Forward passes the likelihood estimator uses per sample (documentation and cost accounting)."""
         return 1

@@ -78,7 +78,7 @@ class Trainer:
         self.reference = None
         if self.algo.needs_reference:  # copied before sharding, then sharded the same way
             self.reference = build_reference(recipe.reference.mode, model, recipe.lora.enabled)
-        sync_every = getattr(self.algo, "reference_sync", (0, 1.0))[0]
+        sync_every = self.algo.reference_sync[0]
         if sync_every and self.reference is not None and not isinstance(self.reference, CopyReference):
             raise ValueError(f"algorithm.ref_sync_every={sync_every} needs a frozen copy to update: set reference.mode: "
                              f"copy, or algorithm.ref_sync_every: 0 to keep the LoRA-disabled base as the reference")
@@ -113,12 +113,15 @@ class Trainer:
 
     # --- resume -----------------------------------------------------------------------------------------
     def _ref_module(self):
-        sync_every = getattr(self.algo, "reference_sync", (0, 1.0))[0]
+        sync_every = self.algo.reference_sync[0]
         return self.reference.module if isinstance(self.reference, CopyReference) and sync_every else None
 
     def _resume(self) -> None:
         path = self.ckpt.resolve(self.recipe.train.resume)
         if path is None:
+            if self.recipe.train.resume == "never" and self.ckpt.latest() is not None:
+                raise ValueError(f"train.resume=never, but {self.ckpt.root} holds checkpoints of an earlier run; use a "
+                                 f"new train.output_dir (or delete them, or resume with train.resume=auto)")
             if self.env.is_main:
                 self.logger.truncate_after(0)
             return
@@ -167,7 +170,7 @@ class Trainer:
         metrics.update(sums)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["step_time"] = time.perf_counter() - t0
-        sync_every, alpha = getattr(self.algo, "reference_sync", (0, 1.0))
+        sync_every, alpha = self.algo.reference_sync
         if sync_every and (step + 1) % sync_every == 0 and self.reference is not None:
             self.reference.sync(self.model, alpha)
         return metrics
