@@ -158,3 +158,12 @@ def test_bf16_mixed_precision_keeps_fp32_parameters(tmp_path):
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
     fp32 = Trainer(sft_recipe(tmp_path / "fp32", "train.steps=1")).run()
     assert hist[0]["loss"] != fp32[0]["loss"] and abs(hist[0]["loss"] - fp32[0]["loss"]) < 0.05 * fp32[0]["loss"]
+
+
+def test_checkpoint_of_another_model_is_a_clear_error(tmp_path):
+    from dare.trainer.checkpoint import CheckpointError
+    Trainer(sft_recipe(tmp_path, "train.steps=1")).run()
+    with pytest.raises(CheckpointError, match="different recipe"):
+        Trainer(sft_recipe(tmp_path, "train.steps=2", "model.tiny_sizes={hidden_size: 48, num_layers: 1}"))
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        Trainer(sft_recipe(tmp_path / "x", f"train.resume={tmp_path / 'nowhere'}"))

@@ -28,8 +28,8 @@ COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (incomplete, unreadable, or written by another recipe); names the folder."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -50,6 +50,15 @@ def _write_text(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _root_cause(e: BaseException) -> str:
+    """One line for a DCP failure (its message otherwise embeds every rank's full traceback)."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        inner = next(iter(failures.values()))
+        e = inner[0] if isinstance(inner, tuple) else inner
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -130,6 +139,7 @@ class CheckpointManager:
     # --- load ---------------------------------------------------------------------------------------------
     def load(self, path: Path, model, optimizer, reference=None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                              set_state_dict)
 
@@ -148,8 +158,8 @@ class CheckpointManager:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*single process.*")
                 dcp.load(state, checkpoint_id=str(path / "dcp"))
-        except Exception as e:  # shape/key mismatch: a checkpoint of another model or config
-            raise CheckpointError(f"{path}: cannot load into this model/optimizer ({type(e).__name__}: {e}); "
+        except (Exception, CheckpointException) as e:  # shape/key mismatch: another model or config (DCP's is a BaseException)
+            raise CheckpointError(f"{path}: cannot load into this model/optimizer ({_root_cause(e)}); "
                                   f"was it written by a different recipe?") from e
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=_state_options())
