@@ -6,7 +6,7 @@ import torch
 from dare.algorithms.tracerl import INF_STEP, TraceRLConfig, plan_replay, step_groups
 from dare.diffusion.logprob import score_targets
 from dare.trainer import stages
-from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, run_recipe, setup
+from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, run_recipe, setup, train_subprocess
 
 
 def _prepared(algo, ctx, batch, model=None, micro=100):
@@ -214,3 +214,53 @@ def test_learns_a_toy_reward(tmp_path):
     rewards = learning_curve(tmp_path, "tracerl", "llada", "algorithm.shrink=8",
                              "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards
+
+
+VARIABLE_STEPS = {  # threshold decoding: rows take very different numbers of steps, so ranks get different view counts
+    "llada": "rollout.sampler={gen_length: 16, block_length: 16, steps: 16, threshold: 0.011, temperature: 1.0}",
+    "sdar": "rollout.sampler={gen_length: 16, block_length: 4, steps_per_block: 4, remasking: dynamic, threshold: 0.011, "
+            "temperature: 1.0}",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,family,extra", [("tracerl", "llada", "algorithm.shrink=1"),
+                                               ("cj_grpo", "llada", "algorithm.inner_iterations=2"),
+                                               ("dirl", "sdar", "algorithm.filter_zero_variance=false")])
+def test_two_processes_reproduce_one_process(tmp_path, algo, family, extra):
+    """Ranks hold samples with different numbers of rounds / steps: they agree on the number of views (FSDP) and
+    the global normalisers make the 2-process losses equal the 1-process ones."""
+    args = [f"model.path=tiny:{family}", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
+            VARIABLE_STEPS[family], extra]
+    one = train_subprocess(tmp_path, tmp_path / "one", algo, *args)
+    two = train_subprocess(tmp_path, tmp_path / "two", algo, *args, "distributed.nproc=2")
+    assert any(abs(a["loss"]) > 1e-6 for a in one)  # a real learning signal, not an all-zero loss
+    for a, b in zip(one, two):
+        assert a["completion_len"] == b["completion_len"]  # the same rollouts on 1 or 2 ranks
+        for key in ("loss", "entropy", "grad_norm", "ratio_mean"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+
+
+def _rank_views(rank, world, port, out):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        _, algo, ctx = setup(TraceRLConfig(), "llada")
+        batch = replay_batch(False, seed=rank, n_prompts=1, group=2, gen_len=8, steps=3 + 2 * rank)
+        out[rank] = (len(algo.corrupt(ctx, batch, 0)), int(batch["replay_round"].max()) + 1)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_agree_on_the_number_of_views():
+    """Rank 0's samples need 3 rounds, rank 1's 5: both run 5 views (FSDP needs the same forwards on every rank)."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_rank_views, args=(2, port, out), nprocs=2, join=True)
+    assert out[0] == (5, 3) and out[1] == (5, 5)

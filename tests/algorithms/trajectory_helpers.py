@@ -105,3 +105,42 @@ def learning_curve(tmp_path, algo: str, family: str, *overrides, steps: int = 15
                       "train.batch_size=4", "data.dataset={name: sudoku, template: compact, limit: 64, shuffle_seed: 0}",
                       "model.tiny_sizes={hidden_size: 64, num_layers: 2}", *overrides, steps=steps)
     return [h["reward_mean"] for h in hist]
+
+
+def train_subprocess(tmp_path, out, algo: str, *overrides, timeout: int = 600):
+    """``python -m dare.cli train recipes/rl/<algo>.yaml`` in a subprocess (``distributed.nproc`` may launch torchrun).
+
+    The toy reward is registered in every (worker) interpreter through a ``sitecustomize`` module on PYTHONPATH.
+    Returns the metrics.jsonl rows.
+    """
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "from dare.rewards import REWARDS, register_reward\n"
+        "if 'traj_sevens' not in REWARDS:\n"
+        "    register_reward('traj_sevens')(lambda c, e: c.count('7') / max(len(c), 1))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
+           "PYTHONPATH": os.pathsep.join([str(site), str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    cmd = [sys.executable, "-m", "dare.cli", "train", str(root / f"recipes/rl/{algo}.yaml"), f"train.output_dir={out}",
+           "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", "train.export=false",
+           "train.save_every=0", "reward.name=traj_sevens", "reward.workers=0",
+           "data.dataset={name: sudoku, template: compact, limit: 16, shuffle_seed: 0}",
+           "model.tiny_sizes={hidden_size: 32, num_layers: 1}", *overrides]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # own session: a hung run is killed with its torchrun workers
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
