@@ -154,7 +154,7 @@ def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="single-block"):
         algo.corrupt(ctx, batch, 0)
     _, block_algo, block_ctx = setup(MDPOConfig(), "sdar")
-    with pytest.raises(ValueError, match="masked-diffusion"):
+    with pytest.raises(ValueError, match="bidirectional"):
         block_algo.corrupt(block_ctx, batch, 0)
     ctx.services.pop("score_completions")
     batch.meta.clear()
