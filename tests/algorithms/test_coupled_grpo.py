@@ -7,9 +7,11 @@ from dare.config.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
+from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
+                                           brute_force_logp)
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -134,10 +136,61 @@ def test_kl_to_identical_reference_is_zero():
     assert stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)["kl"] == 0.0
 
 
-def test_block_models_are_rejected():
-    model, algo, ctx = _setup("sdar")
-    with pytest.raises(ValueError, match="bidirectional"):
-        algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+# --- block-diffusion models: the pair per token within x_t, scored over [x_t ; x_0] ---------------------------------
+
+
+def _block_setup(family="sdar", **cfg):
+    model = block_model(family)
+    return model, build_algorithm(CoupledGRPOConfig(**cfg)), StepContext(step=2, seed=7, adapter=model.adapter)
+
+
+def test_block_views_partition_x_t_and_keep_the_clean_copy():
+    model, algo, ctx = _block_setup()
+    batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=1)
+    views = algo.corrupt(ctx, batch, 0)
+    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    W = P + 12
+    masks = []
+    for v in views:
+        assert v.layout is not None and torch.equal(v.input_ids[:, W:], torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1))
+        assert torch.equal(v.input_ids[:, :P], batch["prompt_ids"])  # prompt never masked
+        masks.append(v.input_ids[:, P:W] == mask_id)
+    m0, m1, m2 = masks
+    assert m0.all() and not (m1 & m2).any() and (m1 | m2).all()
+    assert torch.equal(m1, views[1].info["v1"])
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_estimate_at_half_from_per_block_forwards(family):
+    model, algo, ctx = _block_setup(family, t_min=0.5, t_max=0.5)
+    batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=3)
+    views = algo.corrupt(ctx, batch, 0)
+    assert_matches_brute_force(model, batch, views)
+    P = batch["prompt_ids"].shape[1]
+    l0, l1, l2 = (brute_force_logp(model, batch, v, 4)[:, P:] for v in views)
+    lv = torch.where(views[1].info["v1"], l1, l2)
+    cmask = batch["completion_mask"]
+    value = algo.log_likelihood(ctx, model, batch, views).value
+    assert torch.allclose(value, 0.5 * (l0 + 2 * lv) * cmask, atol=1e-5)
+
+
+def test_block_terms_ignore_later_blocks():
+    model, algo, ctx = _block_setup()
+    batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=4)
+    assert_future_blocks_invisible(model, batch, algo.corrupt(ctx, batch, 0))
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_ratio_is_one_at_first_inner_step(family):
+    model, algo, ctx = _block_setup(family, inner_iterations=2, beta=0.0)
+    batch = rl_batch(n_prompts=2, group=3, seed=5)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    stages.prepare(algo, ctx, batch, model, micro_batch_size=2)
+    ctx.norms = algo.normalizers(batch)
+    metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
+    m = batch["completion_mask"].float()
+    assert metrics["loss"] == pytest.approx((-(m * batch["advantages"][:, None]).sum() / m.sum()).item(), abs=1e-6)
 
 
 def test_config_rejects_bad_time_range():
@@ -150,9 +203,7 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, CoupledGRPOConfig) and recipe.algorithm.full_mask_view
 
 
-@pytest.mark.parametrize("family", ["llada", "llada_moe", "dream"])
-def test_end_to_end_two_steps(tmp_path, family):
-    run_rl_recipe(tmp_path, "coupled_grpo", family, "algorithm.inner_iterations=2")
+# `dare train` for 2 steps on every supported family: tests/algorithms/test_matrix.py.
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@ from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.d1 import D1Config
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
+from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
+                                           brute_force_logp, naive_block_causal_logp, row_blocks)
 from tests.algorithms.helpers import rl_batch
 
 
@@ -96,3 +98,71 @@ def test_kl_to_reference_and_gradient_flow():
     assert metrics["kl"] == 0.0
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)
+
+
+# --- block-diffusion models (SDAR, LLaDA2): the [x_t ; x_0] one-step estimate -----------------------------------
+
+
+def _block_setup(family="sdar", **cfg):
+    model = block_model(family)
+    return model, build_algorithm(D1Config(**cfg)), StepContext(step=3, seed=11, adapter=model.adapter)
+
+
+def test_block_view_masks_all_of_x_t_and_puts_the_masked_prompt_in_both_halves():
+    model, algo, ctx = _block_setup(p_mask_prompt=0.3)
+    batch = rl_batch(n_prompts=2, group=2, prompt_lens=(5, 8), gen_len=12, seed=1)
+    (v,) = algo.corrupt(ctx, batch, 0)
+    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    W = P + 12
+    noisy, clean = v.input_ids[:, :W], v.input_ids[:, W:]
+    assert (noisy[:, P:] == mask_id).all() and torch.equal(clean[:, P:], batch["completion_ids"])
+    assert torch.equal(noisy[:, :P], clean[:, :P])  # the condition x~ of every block
+    masked = v.info["prompt_masked"]
+    assert masked.any() and torch.equal(noisy[:, :P] == mask_id, masked)
+    assert torch.equal(v.targets[:, P:], batch["completion_mask"]) and not v.targets[:, :P].any()
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_estimate_equals_per_block_forwards_on_a_clean_prefix(family):
+    model, algo, ctx = _block_setup(family, p_mask_prompt=0.2)
+    batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=2)
+    views = algo.corrupt(ctx, batch, 0)
+    assert_matches_brute_force(model, batch, views)
+    P = batch["prompt_ids"].shape[1]
+    value = algo.log_likelihood(ctx, model, batch, views).value
+    brute = brute_force_logp(model, batch, views[0], 4)[:, P:]
+    m = batch["completion_mask"]
+    assert torch.allclose(value[m], brute[m], atol=1e-5)
+    # The plain block-causal input of x_t conditions later blocks on *masked* earlier blocks: a different estimate.
+    naive = naive_block_causal_logp(model, views[0], P + 12)[:, P:]
+    first = torch.tensor([row_blocks(batch, i, 4)[0][1] - P for i in range(batch.size)])
+    later = m & (torch.arange(12)[None] >= first[:, None])
+    assert later.any() and not torch.allclose(naive[later], brute[later], atol=1e-3)
+
+
+def test_block_terms_ignore_later_blocks():
+    model, algo, ctx = _block_setup(p_mask_prompt=0.0)
+    batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=3)
+    assert_future_blocks_invisible(model, batch, algo.corrupt(ctx, batch, 0))
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_ratio_is_one_at_first_inner_step(family):
+    model, algo, ctx = _block_setup(family, inner_iterations=2, beta=0.0, p_mask_prompt=0.2)
+    batch = rl_batch(n_prompts=2, group=3, seed=4)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    stages.prepare(algo, ctx, batch, model, micro_batch_size=3)
+    ctx.norms = algo.normalizers(batch)
+    metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
+    assert metrics["ratio_mean"] == 1.0 and metrics["clip_frac"] == 0.0
+    m = batch["completion_mask"].float()
+    assert abs(metrics["loss"] + ((m * batch["advantages"][:, None]).sum() / m.sum()).item()) < 1e-6
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_supports_every_attention_kind_and_names_it_in_errors():
+    _, algo, ctx = _setup()
+    assert set(algo.supports) == {"bidirectional", "block_causal"}
+    algo.supports = ("block_causal",)  # a narrowed instance: the clear error names the kinds and families
+    with pytest.raises(ValueError, match="block_causal.*bidirectional.*sdar"):
+        algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)

@@ -163,6 +163,24 @@ def test_errors_name_the_fix():
         algo.corrupt(ctx, batch, 0)
 
 
+def test_block_sampler_steps_leave_later_blocks_unpredicted_so_block_models_are_rejected():
+    """Why MDPO stays masked-only: a block model's step predicts its own block only, so the whole-answer prediction
+    x0^(s) that MDPO rewards does not exist before the last block."""
+    model, algo, ctx = setup(MDPOConfig(), "sdar")
+    assert algo.supports == ("bidirectional",)
+    sampler = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, record_trajectory=True,
+                            block_stop=False)
+    batch, r = rollout_batch(model, sampler)
+    t, mask_id = r.trajectory, model.adapter.mask_token_id
+    unpredicted = (t.x0 == mask_id) & (t.confidence == 0)  # [N, S, G]: masked and never looked at by the step
+    assert unpredicted[:, 0, -1].all()  # the first step never predicts the last block
+    first_full = (~unpredicted.any(-1)).float().argmax(1)  # first step whose prediction covers the whole answer
+    assert (first_full > 0).all() and (t.valid.sum(1) > first_full).all()
+    batch["trajectory"] = {"states": t.states, "x0": t.x0, "confidence": t.confidence, "valid": t.valid}
+    with pytest.raises(ValueError, match="bidirectional"):
+        algo.corrupt(ctx, batch, 0)
+
+
 @pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow),
                                     pytest.param("dream", marks=pytest.mark.slow)])
 def test_trains_end_to_end(tmp_path, family):

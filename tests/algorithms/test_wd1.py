@@ -2,13 +2,16 @@ import pytest
 import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
+from dare.algorithms.d1 import D1Config
 from dare.algorithms.wd1 import WD1Config, group_softmax
 from dare.config.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
+from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
+                                           brute_force_logp)
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -63,8 +66,9 @@ def test_gradient_on_sequence_logp_follows_weight_difference():
     assert loss.item() == pytest.approx((-(diff[:, None] * value * m).sum() / 2).item(), rel=1e-5)
 
 
-def test_learning_raises_best_completion_likelihood():
-    model, algo, ctx = _setup(p_mask_prompt=0.0, inner_iterations=1)
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_learning_raises_best_completion_likelihood(family):
+    model, algo, ctx = _setup(family, p_mask_prompt=0.0, inner_iterations=1)
     batch = rl_batch(n_prompts=1, group=3, seed=2, rewards=torch.tensor([1.0, 0.0, 0.0]))
     _prepared(algo, ctx, model, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -87,10 +91,27 @@ def test_no_old_or_reference_pass_and_kl_rejected():
         WD1Config(beta=0.04)
 
 
-def test_block_models_are_rejected():
-    _, algo, ctx = _setup("sdar")
-    with pytest.raises(ValueError, match="bidirectional"):
-        algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+@pytest.mark.parametrize("family", ["sdar", "llada2"])
+def test_block_models_use_d1_block_estimate(family):
+    model = block_model(family)
+    algo = build_algorithm(WD1Config(p_mask_prompt=0.2))
+    ctx = StepContext(step=1, seed=3, adapter=model.adapter)
+    assert set(algo.supports) == {"bidirectional", "block_causal"}
+    batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=4)
+    views = algo.corrupt(ctx, batch, 0)
+    (d1_view,) = build_algorithm(D1Config(p_mask_prompt=0.2)).corrupt(ctx, batch, 0)
+    assert torch.equal(views[0].input_ids, d1_view.input_ids) and views[0].layout is not None
+    assert_matches_brute_force(model, batch, views)
+    assert_future_blocks_invisible(model, batch, views)
+    # S_i = sum of the per-block brute-force terms; the loss weighs it by (w- - w+) / #groups
+    _prepared(algo, ctx, model, batch)
+    value = algo.log_likelihood(ctx, model, batch, batch["views"][0]).value
+    P = batch["prompt_ids"].shape[1]
+    m = batch["completion_mask"].float()
+    S = (brute_force_logp(model, batch, views[0], 4)[:, P:] * m).sum(-1)
+    loss, _ = algo.loss(ctx, batch, LogLik(value), 0)
+    expected = ((batch["wd1_w_neg"] - batch["wd1_w_pos"]) * S).sum() / 2
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_recipe_defaults():
@@ -98,9 +119,7 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, WD1Config) and recipe.algorithm.beta == 0.0
 
 
-@pytest.mark.parametrize("family", ["llada", "llada_moe", "dream"])
-def test_end_to_end_two_steps(tmp_path, family):
-    run_rl_recipe(tmp_path, "wd1", family, "algorithm.inner_iterations=2")
+# `dare train` for 2 steps on every supported family: tests/algorithms/test_matrix.py.
 
 
 @pytest.mark.slow

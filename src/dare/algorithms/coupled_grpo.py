@@ -16,8 +16,12 @@ fixed 42 on every call -- neither is done here).
 
 Loss: token-level clipped GRPO (eps 0.5 both sides) + beta 0.01 KL3 to the reference, leave-one-out advantages
 ``A_i = r_i - mean_{j != i} r_j = G/(G-1)(r_i - mean)`` without std scaling, token mean over the whole step.
-Defaults follow ``recipes/config_coupled_code.yaml`` (mu 2, reference sync every 64 steps). Masked-diffusion
-models only: the estimator is a bidirectional-MDM ELBO.
+Defaults follow ``recipes/config_coupled_code.yaml`` (mu 2, reference sync every 64 steps).
+
+Block-diffusion models: the pair is the block NELBO's. The complementary masks apply per token within x_t (one t per
+sample, shared by the blocks as in SDAR's training) and every view is scored over the ``[x_t ; x_0]`` layout, so a
+token of block b is predicted from x_t's block b and the clean blocks before it; v0 is d1's block estimate. Each
+token is still scored exactly once between v1 and v2 with its 1/t or 1/(1-t) weight.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ import torch
 
 from ..diffusion.corruption import apply_mask
 from .base import Batch, StepContext, View, register_algorithm
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, rl_view
+from .d1 import completion_view
+from .espo import check_attention
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
 
 
 @dataclass
@@ -66,18 +72,17 @@ def coupled_masks(ctx: StepContext, batch: Batch, iteration: int, t_min: float, 
 
 @register_algorithm
 class CoupledGRPO(GRPOAlgorithm):
+    """Complementary-mask pair (t, 1-t) + all-masked view: every token scored once with its 1/t ELBO weight."""
     name = "coupled_grpo"
     config_class = CoupledGRPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
     @property
     def mc_samples(self) -> int:
         return 3 if self.config.full_mask_view else 2
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        if ctx.adapter.attention not in self.supports:
-            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
-                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        check_attention(self, ctx.adapter)
         cfg = self.config
         mask_id = ctx.adapter.mask_token_id
         comp, scored = batch["completion_ids"], batch["completion_mask"].bool()
@@ -86,10 +91,10 @@ class CoupledGRPO(GRPOAlgorithm):
         info = {"t": t, "v1": v1}
         views = []
         if cfg.full_mask_view:
-            views.append(rl_view(ctx, batch, torch.full_like(comp, mask_id), scored,
-                                 weight=torch.full(comp.shape, 0.5, device=comp.device) * scored, info=info))
+            views.append(completion_view(ctx, batch, torch.full_like(comp, mask_id), scored,
+                                         weight=torch.full(comp.shape, 0.5, device=comp.device) * scored, info=info))
         for masked, w in ((v1, 1.0 / t), (v2, 1.0 / (1.0 - t))):
             targets = masked & scored
             weight = 0.5 * w[:, None].float() * targets
-            views.append(rl_view(ctx, batch, apply_mask(comp, masked, mask_id), targets, weight=weight, info=info))
+            views.append(completion_view(ctx, batch, apply_mask(comp, masked, mask_id), targets, weight=weight, info=info))
         return views

@@ -6,6 +6,12 @@ position (no 1/t weight). The prompt mask is drawn from ``ctx.generator(iteratio
 current policies see the same input at iteration j and different iterations see different prompt masks (d1's
 regulariser across ``mu``). Loss: token-level clipped GRPO with KL3 to the reference and ``A = r - mean``.
 
+Block-diffusion models (SDAR, SDAR-MoE, LLaDA2): the same one-step estimate of the block factorisation
+``log p(y) = sum_b log p(y^b | y^{<b}, x)`` -- every completion position is masked in x_t and block b is scored given
+the *clean* blocks before it, in one forward over the ``[x_t ; x_0]`` layout (algorithms.md 0.4). A plain block-causal
+input of the all-masked completion would condition every block on masked earlier blocks, a state the block sampler
+never visits. The (masked) prompt is the condition of every block, so it fills both halves of the layout.
+
 Defaults follow d1's ``train.yaml`` (mu 12, eps 0.5, beta 0.04, p_mask_prompt 0.15, reference sync every 64 steps
 with alpha 0.6). One deliberate difference: the token mean is over the whole step's batch (all micro-batches and
 ranks) rather than per micro-batch, so the loss does not depend on how the batch is split.
@@ -13,12 +19,15 @@ ranks) rather than per micro-batch, so the loss does not depend on how the batch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 
 from ..diffusion.corruption import apply_mask
 from .base import Batch, StepContext, View, register_algorithm
+from .espo import check_attention
 from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
+from .views import prompt_completion_view
 
 
 @dataclass
@@ -52,18 +61,39 @@ def prompt_masks(ctx: StepContext, batch: Batch, iteration: int, p: float) -> to
     return out.to(batch["prompt_ids"].device)
 
 
+def completion_view(ctx: StepContext, batch: Batch, completion_input: torch.Tensor, targets: torch.Tensor,
+                    prompt_input: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None,
+                    info: Optional[dict] = None) -> View:
+    """An RL view of the completion ``x_t`` for either attention kind (d1, wd1, Coupled-GRPO, SPG).
+
+    Masked-diffusion models: one ``[prompt ; x_t]`` input (``rl_view``). Block-diffusion models: the one-pass
+    ``[prompt ; x_t ; prompt ; y]`` layout, so the scored tokens of noisy block b see x_t's block b and the clean
+    blocks before it -- the block NELBO's conditional ``p(. | y_t^b, y^{<b}, x)``. A perturbed ``prompt_input`` is
+    the condition of every block, so it fills both halves (in the noisy half alone it would reach only the block
+    holding the prompt's tail).
+    """
+    if not ctx.adapter.is_block_causal:
+        return rl_view(ctx, batch, completion_input, targets, prompt_input=prompt_input, weight=weight, info=info)
+    prompt = batch["prompt_ids"] if prompt_input is None else prompt_input
+    return prompt_completion_view(prompt, batch["prompt_mask"], batch["completion_ids"], completion_input, targets,
+                                  weight=weight, block_layout=True, info=info)
+
+
 @register_algorithm
 class D1(GRPOAlgorithm):
+    """One-step mean-field estimate: the whole completion masked (prompt masked with p), logp per token, no 1/t."""
     name = "d1"
     config_class = D1Config
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        check_attention(self, ctx.adapter)
         mask_id = ctx.adapter.mask_token_id
         masked_prompt = prompt_masks(ctx, batch, iteration, self.config.p_mask_prompt)
         noisy_prompt = apply_mask(batch["prompt_ids"], masked_prompt, mask_id)
         comp = batch["completion_ids"]
         all_masked = torch.full_like(comp, mask_id)
         # Logits only where the loss reads them: completion positions up to the first EOS.
-        view = rl_view(ctx, batch, all_masked, batch["completion_mask"].bool(), prompt_input=noisy_prompt,
-                       info={"prompt_masked": masked_prompt})
+        view = completion_view(ctx, batch, all_masked, batch["completion_mask"].bool(), prompt_input=noisy_prompt,
+                               info={"prompt_masked": masked_prompt})
         return [view]

@@ -13,6 +13,12 @@ Loss: sequence-level ratio ``rho = exp((B_theta - B_old)/L)`` with PPO clipping 
 Noise is keyed by (iteration, uid), so old, reference and current policies score identical masks (the antithetic
 / VRPO principle). Defaults: ESPO ``recipes/train.yaml`` + ``run_*_llada.sh`` (mu 8, num_mc 2, eps 0.2, beta 1e-3).
 
+Block-diffusion models: ``B`` is the block NELBO ``sum_b E_t[(1/t) sum_{masked i in b} log p(y_i | y_t^b, y^{<b}, x)]``
+with one t shared by the blocks (SDAR's convention), scored in one forward per view over the ``[x_t ; x_0]`` layout.
+The same masks and weights apply unchanged: with ``t ~ U(0,1)`` and tokens masked i.i.d., the number masked is
+uniform on {0..L}, the masked set is uniform given its size, and ``E[1/t | x masked] = (L+1)/x`` -- an identity about
+the mask set alone, so it holds for the block conditional as for the bidirectional one.
+
 This module also holds the helpers of the sequence-ELBO family (BGPO, EBPO): ``stratified_counts``, ``elbo_view``
 (which builds the block-diffusion ``[x_t ; x_0]`` input for block-causal models) and ``two_pass_backward``, an exact
 memory-saving gradient: score every view without a graph, differentiate the loss with respect to the per-sequence
@@ -39,11 +45,11 @@ from .views import prompt_completion_view
 
 
 def check_attention(algo, adapter) -> None:
+    """A clear error when the model's attention kind is not in the algorithm's ``supports``."""
     if adapter.attention not in algo.supports:
-        kinds = {"bidirectional": "LLaDA, LLaDA-MoE, Dream", "block_causal": "SDAR, SDAR-MoE, LLaDA2"}
-        fams = "; ".join(kinds[k] for k in algo.supports)
+        from .matrix import families_of
         raise ValueError(f"algorithm {algo.name!r} supports {algo.supports} attention; this model is "
-                         f"{adapter.attention!r} (supported families: {fams})")
+                         f"{adapter.attention!r} (supported families: {', '.join(families_of(algo.supports))})")
 
 
 def stratified_counts(gen: torch.Generator, length: int, n: int, low: int) -> torch.Tensor:
@@ -184,9 +190,10 @@ class ESPOConfig(GRPOConfig):
 
 @register_algorithm
 class ESPO(SequenceRatioAlgorithm):
+    """Sequence ELBO (block NELBO on block models), stratified counts + complement pass; sequence-level ratio exp(dB/L)."""
     name = "espo"
     config_class = ESPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
     @property
     def mc_samples(self) -> int:

@@ -18,9 +18,16 @@ rest kept) with per-token confidences ``c^(s)`` (the running confidence with RCR
 Defaults follow ``recipes/LLaDA-Instruct/mdpo/config_demo.yaml`` (G 4, beta 0, eps 0.2, mu 1, temperature 0.1,
 128 steps, gen = block = 512, 16 train steps; RCR is an inference flag of the sampler, ``rollout.sampler.rcr``).
 Deviations: ``N_s`` is global over the step's batch instead of per micro-batch; with several data-parallel ranks each
-rank selects its own top steps (slot j pools every rank's j-th step). Masked-diffusion models only, and single-block
-rollouts (``block_length = gen_length``): the reward of ``x0^(s)`` needs a prediction for every masked position, and
-the block sampler predicts only the current block. Dream's shifted logits are handled by the shared log-prob code.
+rank selects its own top steps (slot j pools every rank's j-th step). Dream's shifted logits are handled by the
+shared log-prob code.
+
+Masked-diffusion models only, with single-block rollouts (``block_length = gen_length``). MDPO's learning signal is
+the reward of every intermediate *whole-answer* prediction ``x0^(s)``; a step that decodes one block predicts only
+that block, so ``R(x0^(s))`` is undefined until the last block. That is why a masked model needs single-block
+rollouts, and it is why block-diffusion models (SDAR, LLaDA2) are not supported: their sampler's steps always decode
+one block of the model's fixed block size (the recorded trajectory holds the mask id, confidence 0, at every later
+block), and a block model cannot predict later blocks from a partly masked current block without leaving its
+training distribution (the block NELBO always conditions on a clean prefix).
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ import torch
 
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .espo import check_attention
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty
 from .tracerl import agree_max
 from .views import prompt_completion_view
@@ -102,6 +110,7 @@ def trajectory_fields(batch: Batch):
 
 @register_algorithm
 class MDPO(GRPOAlgorithm):
+    """The sampler's own intermediate states: logp of each step's prediction at its masked positions, 1/t-weighted."""
     name = "mdpo"
     config_class = MDPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
@@ -151,9 +160,7 @@ class MDPO(GRPOAlgorithm):
 
     # --- views: one per selected step --------------------------------------------------------------------
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        if ctx.adapter.attention not in self.supports:
-            raise ValueError(f"algorithm 'mdpo' supports {self.supports} attention; this model is "
-                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        check_attention(self, ctx.adapter)
         if iteration > 0 and "mdpo_views" in batch.meta:  # deterministic: reuse the first iteration's views
             return batch.meta["mdpo_views"]
         steps = self._prepare_steps(ctx, batch)

@@ -18,7 +18,15 @@ Loss: no ratio, clipping or KL (``beta != 0`` is an error); length-weighted sequ
 ``L = -sum_i A_i len_i Lhat_i / sum_i len_i`` with ``Lhat_i`` the ELBO if ``A_i > 0`` else the negative-branch bound,
 ``A = r - mean``. Inner iterations reuse the rollouts with fresh masks and no importance correction. Defaults follow
 ``spg/slurm_scripts/spg_mix/*`` + ``train.yaml`` (mu 4, num_t 2, block 32, p 0.15, mix 0.5, beta_e 1.5).
-Masked-diffusion models only (the block choice is a semi-autoregressive schedule over a bidirectional model).
+
+Block-diffusion models: the blocks are the model's own attention blocks (``adapter.block_size`` over absolute
+positions, so the first completion block may share the prompt's tail; ``block_length`` is the masked models'
+semi-autoregressive block). The masks are drawn the same way over x_t and every view is scored over the
+``[x_t ; x_0]`` layout: each masked token of block b is predicted from x_t's block b and the clean blocks before it,
+so b* is scored exactly as the block sampler meets it (clean prefix, partly masked block) and every later block by
+d1's block estimate. ELBO and EUBO are the same per-token functions of those log-probs. The masked prompt is the
+condition of every block (both halves); the p-masked tokens of earlier blocks are masked (and scored) in x_t only,
+since the block NELBO conditions on the clean prefix.
 """
 from __future__ import annotations
 
@@ -31,7 +39,10 @@ import torch
 from ..diffusion.corruption import apply_mask
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
+from .d1 import completion_view
+from .ebpo import completion_blocks
+from .espo import check_attention
+from .grpo import GRPOAlgorithm, GRPOConfig
 
 ForwardType = Literal["all", "random", "block_all", "block_random"]
 
@@ -44,7 +55,7 @@ class SPGConfig(GRPOConfig):
     num_t: int = 2  # masked draws (forwards) per sample and inner iteration
     min_t: float = 0.0
     max_t: float = 1.0
-    block_length: int = 32  # the rollout's semi-autoregressive block length
+    block_length: int = 32  # masked models: the rollout's semi-autoregressive block (block models: adapter.block_size)
     p_mask_prompt: float = 0.15  # 0 disables prompt / earlier-block masking (use_mask_prompt: false)
     logp_estimation: Literal["elbo", "eubo", "mix", "zero"] = "mix"
     mix_weight: float = 0.5
@@ -79,18 +90,34 @@ def _choose(positions: torch.Tensor, count: int, gen: torch.Generator) -> torch.
     return positions[torch.randperm(positions.numel(), generator=gen)[:count]]
 
 
+def block_spans(length: int, block_length: int, prompt_len: int = 0, block_size=None) -> list[tuple[int, int]]:
+    """The completion's blocks as ``[start, end)`` over its first ``length`` positions (at least one, maybe empty).
+
+    Masked models (``block_size`` None): consecutive ``block_length`` blocks from the completion start. Block models:
+    the model's attention blocks over absolute positions (the first one may begin inside the prompt).
+    """
+    if block_size:
+        spans = [(int(pos[0]), int(pos[-1]) + 1) for pos in completion_blocks(prompt_len, length, block_size)]
+    else:
+        spans = [(b * block_length, min((b + 1) * block_length, length)) for b in range(math.ceil(length / block_length))]
+    return spans or [(0, 0)]
+
+
 def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
     """Per draw j: (prompt mask ``[B, P]``, completion mask ``[B, Lc]``, chosen block ``[B]`` or -1)."""
     prompt_real = batch["prompt_mask"].bool().cpu()
     valid = batch["completion_mask"].bool().cpu()
     B, Lc = valid.shape
-    bl = cfg.block_length
+    block_size = ctx.adapter.block_size if ctx.adapter.is_block_causal else None
+    if ctx.adapter.is_block_causal and not block_size:
+        raise ValueError("spg on a block-diffusion model needs the model's block size (model.adapter.block_size)")
     out = [(torch.zeros_like(prompt_real), torch.zeros(B, Lc, dtype=torch.bool), torch.full((B,), -1, dtype=torch.long))
            for _ in range(cfg.num_t)]
     idx = torch.arange(Lc)
     for i, uid in enumerate(batch["uid"].tolist()):
         L = int(valid[i].sum())
-        n_blocks = max(1, math.ceil(L / bl))
+        spans = block_spans(L, cfg.block_length, int(prompt_real[i].sum()), block_size)
+        n_blocks = len(spans)
         # Distinct blocks for the draws while num_t <= n_blocks (the reference permutes the blocks too).
         block_order = torch.randperm(n_blocks, generator=ctx.generator(iteration, uid, "spg_blocks"))
         for j in range(cfg.num_t):
@@ -103,7 +130,7 @@ def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
                 comp[_choose(idx[valid[i]], _uniform_count(L, cfg.min_t, cfg.max_t, g), g)] = True
             else:
                 b = int(block_order[j % n_blocks])
-                start, end = b * bl, min((b + 1) * bl, L)
+                start, end = spans[b]
                 comp[end:] = True  # later blocks (and the invalid tail of b*)
                 regular[:start] = True
                 if cfg.forward_type == "block_all":
@@ -137,9 +164,10 @@ def spg_bounds(logp: torch.Tensor, scored: torch.Tensor, valid: torch.Tensor, eu
 
 @register_algorithm
 class SPG(GRPOAlgorithm):
+    """Block-random masks; ELBO (mean masked-token logp) for A > 0, EUBO / mix upper bound for A <= 0; no ratio."""
     name = "spg"
     config_class = SPGConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
     @property
     def needs_old_logp(self) -> bool:
@@ -154,18 +182,16 @@ class SPG(GRPOAlgorithm):
         return self.config.num_t
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        if ctx.adapter.attention not in self.supports:
-            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
-                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
+        check_attention(self, ctx.adapter)
         mask_id = ctx.adapter.mask_token_id
         prompt, comp, valid = batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"].bool()
         views = []
         for pm, cm, block in spg_masks(ctx, self.config, batch, iteration):
             scored = cm & valid
             t_hat = scored.sum(-1).float() / valid.sum(-1).clamp_min(1).float()
-            views.append(rl_view(ctx, batch, apply_mask(comp, cm, mask_id), scored,
-                                 prompt_input=apply_mask(prompt, pm, mask_id),
-                                 info={"block": block, "t_hat": t_hat, "prompt_masked": pm}))
+            views.append(completion_view(ctx, batch, apply_mask(comp, cm, mask_id), scored,
+                                         prompt_input=apply_mask(prompt, pm, mask_id),
+                                         info={"block": block, "t_hat": t_hat, "prompt_masked": pm}))
         return views
 
     def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:

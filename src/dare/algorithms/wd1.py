@@ -13,16 +13,15 @@ contributes exactly zero (w+ = w-). The reference takes the softmax over the per
 make equal to one group (per-device batch = G = 6), and averages the per-group losses over gradient-accumulation
 steps and devices; here the group is explicit (``batch["group"]``) and the mean is over all groups of the step, so
 micro-batching cannot split a softmax. Defaults follow ``wd1/train.yaml`` and ``run/wll_NP_*.sh`` (mu 12,
-p_mask_prompt 0.15). Masked-diffusion models only (d1's all-masked estimator assumes bidirectional attention).
+p_mask_prompt 0.15). Every family d1 supports: on block-diffusion models ``S_i`` is d1's block estimate (all of x_t
+masked, block b conditioned on the clean blocks before it; ``D1.corrupt``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
-from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .base import Batch, LogLik, StepContext, register_algorithm
 from .d1 import D1, D1Config
 
 
@@ -51,9 +50,9 @@ def group_softmax(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
 
 @register_algorithm
 class WD1(D1):
+    """d1's one-step estimate summed per sequence; ratio-free group-softmax weights w+ = softmax(A), w- = softmax(-A)."""
     name = "wd1"
     config_class = WD1Config
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
 
     @property
     def needs_old_logp(self) -> bool:
@@ -62,12 +61,6 @@ class WD1(D1):
     @property
     def needs_reference(self) -> bool:
         return False
-
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        if ctx.adapter.attention not in self.supports:
-            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
-                             f"{ctx.adapter.attention!r} (use a masked-diffusion family: LLaDA, LLaDA-MoE, Dream)")
-        return super().corrupt(ctx, batch, iteration)
 
     def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
         adv = super().advantages(ctx, batch)
