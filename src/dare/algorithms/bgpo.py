@@ -81,6 +81,7 @@ def clipped_ratio_loss(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, 
 
 @register_algorithm
 class BGPO(GRPOAlgorithm):
+    """Per-MC-sample length-normalised ELBO; linear (A >= 0) / Jensen (A < 0) lower bound of the ELBO ratio."""
     name = "bgpo"
     config_class = BGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")

@@ -53,6 +53,7 @@ def transition_key(j: int) -> str:
 
 @register_algorithm
 class CJGRPO(ReplayAlgorithm):
+    """Consistency trajectory: logp of each step's newly decoded tokens given the sampler's state before it."""
     name = "cj_grpo"
     config_class = CJGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")

@@ -43,6 +43,7 @@ class DiRLConfig(ReplayConfig):
 
 @register_algorithm
 class DiRL(ReplayAlgorithm):
+    """TraceRL's block rounds in one [x_t ; x_0] forward each; clip-higher, KL3 to the reference, DAPO filter."""
     name = "dirl"
     config_class = DiRLConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal",)

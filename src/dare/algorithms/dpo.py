@@ -19,7 +19,7 @@ antithetic, stratified, two-pass). Block models score the ELBO with the ``[x_t ;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -84,8 +84,10 @@ def _mask_draws(gen_t: torch.Generator, gen_for, n_real: int, cfg) -> list[tuple
 
 @register_algorithm
 class DPO(Algorithm):
+    """ELBO-based DPO: n-sample ELBO of chosen and rejected responses against the reference (n = 1 by default)."""
     name = "dpo"
     config_class = DPOConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
     data_kind = "preference"
 
     @property
@@ -185,5 +187,6 @@ class DPO(Algorithm):
 
 @register_algorithm
 class VRPO(DPO):
+    """DPO with VRPO's ELBO: budget 8, one mask per timestep, stratified, antithetic, exact two-pass gradient."""
     name = "vrpo"
     config_class = VRPOConfig

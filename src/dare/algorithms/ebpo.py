@@ -82,6 +82,7 @@ def ebpo_masks(ctx: StepContext, batch: Batch, iteration: int, n: int):
 
 @register_algorithm
 class EBPO(SequenceRatioAlgorithm):
+    """Composite block ELBO: every block noised at each stratified level t_n, one [x_t ; x_0] forward per level."""
     name = "ebpo"
     config_class = EBPOConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal",)

@@ -22,7 +22,7 @@ padded, in any row, on any rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -64,8 +64,10 @@ def doc_segments(doc_uid_row: torch.Tensor) -> list[tuple[int, int, int]]:
 
 @register_algorithm
 class SFT(Algorithm):
+    """Masked-token cross-entropy / t on the answer (block NELBO over [x_t ; x_0] on block models)."""
     name = "sft"
     config_class = SFTConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
     data_kind = "sft"
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:

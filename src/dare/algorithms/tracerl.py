@@ -334,6 +334,7 @@ class TraceRLConfig(ReplayConfig):
 
 @register_algorithm
 class TraceRL(ReplayAlgorithm):
+    """Trajectory replay of the rollout's step map (shrink-grouped steps / block rounds), no 1/t; KL to the rollout."""
     name = "tracerl"
     config_class = TraceRLConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
