@@ -1,0 +1,312 @@
+"""Generate the paper's recipe grid: recipes/paper/<model>/<algorithm>_<task>.yaml (see docs/paper_recipes.md).
+
+    python scripts/make_paper_recipes.py            # (re)write every recipe of the grid
+    python scripts/make_paper_recipes.py --check    # exit 1 if a recipe on disk differs from the generated one
+    python scripts/make_paper_recipes.py --data     # write data/paper/math_train.jsonl (GSM8K + MATH train)
+
+The grid is every registered RL algorithm (``uses_rollout``) whose ``supports`` holds the model's attention kind, for
+LLaDA-8B-Instruct and Dream-7B-Instruct (masked diffusion) and SDAR-8B-Chat and LLaDA2.0-mini (block diffusion), times
+the tasks math, code, countdown and sudoku (planning = countdown and sudoku, one recipe each, as DARE runs them:
+``--task countdown`` / ``--task sudoku``, separate data, rewards and step counts). Registries decide the algorithms;
+this file holds the unified settings, the per-model facts and the few per-method adjustments, each with its source.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "recipes" / "paper"
+MATH_MIX = "data/paper/math_train.jsonl"  # written by --data (relative to the repository root, where runs start)
+CODE_DATA = "data/deepcoder/train.jsonl"  # not bundled: see docs/paper_recipes.md for the layout
+
+# --- the unified settings of the paper's comparison (the project issue) ------------------------------------------
+GROUP_SIZE = 8
+MASKED_BLOCK = 32  # rollout block length of the masked-diffusion models (block models decode their own block size)
+MC_SAMPLES = 16  # Monte-Carlo samples of MC-based likelihoods
+MC_FIELDS = ("num_mc", "num_t")  # the config fields that hold an algorithm's MC sample count
+BATCH_PROMPTS = 32  # prompts per optimisation step over all ranks (x 8 completions = 256): our choice
+GPUS, GPU_MEM_GB = 8, 80
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    dataset: dict
+    rows: int  # training prompts (1 epoch = ceil(rows / BATCH_PROMPTS) steps)
+    rows_source: str
+    gen_length: int
+    steps: int
+    eval_benchmarks: tuple[str, ...]
+    source: str
+    micro_batch: int
+    reward_workers: int = 4
+
+
+TASKS = {
+    "math": Task("math", {"path": MATH_MIX, "template": "reasoning", "shuffle_seed": 0}, 7473 + 7470,
+                 "GSM8K train 7,473 + MATH train 7,470 (bundled copies; 4 MATH rows have no gold answer)",
+                 512, 256, ("gsm8k", "math500"), "GSM8K + MATH train, max response 512, 256 diffusion steps, 1 epoch", 4),
+    "code": Task("code", {"path": CODE_DATA, "template": "reasoning", "shuffle_seed": 0}, 24000,
+                 "a DeepCoder-size set (about 24k problems); set train.steps = ceil(rows / 32) for yours",
+                 512, 256, ("humaneval", "mbpp"),
+                 "DeepCoder-style problems (not bundled), HumanEval/MBPP test sets; response 512 / 256 steps as math "
+                 "(the issue fixes no code length)", 4, reward_workers=8),
+    "countdown": Task("countdown", {"name": "countdown", "split": "train", "template": "reasoning", "shuffle_seed": 0},
+                      20000, "Countdown train (20,000, bundled)", 256, 128, ("countdown",),
+                      "planning: Countdown, max response 256, 128 diffusion steps, 1 epoch", 8),
+    "sudoku": Task("sudoku", {"name": "sudoku", "split": "train", "template": "reasoning", "shuffle_seed": 0},
+                   20000, "4x4 Sudoku train (20,000, bundled)", 256, 128, ("sudoku",),
+                   "planning: Sudoku, max response 256, 128 diffusion steps, 1 epoch", 8),
+}
+
+
+@dataclass(frozen=True)
+class Model:
+    folder: str
+    path: str
+    family: str  # dare.models family (its attention kind comes from the registry)
+    params_b: float
+    block_size: int | None  # block models: the checkpoint's training block, which the sampler must decode with
+    note: str
+
+
+MODELS = [
+    Model("llada_8b_instruct", "GSAI-ML/LLaDA-8B-Instruct", "llada", 8.0, None, "LLaDA-8B-Instruct (8.0B, dense)"),
+    Model("dream_7b_instruct", "Dream-org/Dream-v0-Instruct-7B", "dream", 7.6, None,
+          "Dream-v0-Instruct-7B (7.6B, Qwen2.5-7B init)"),
+    Model("sdar_8b_chat", "JetLM/SDAR-8B-Chat", "sdar", 8.2, 4, "SDAR-8B-Chat (8.2B, Qwen3-8B init, block 4)"),
+    Model("llada2_mini", "inclusionAI/LLaDA2.0-mini", "llada2_moe", 16.0, 32,
+          "LLaDA2.0-mini (16B total / 1.4B active MoE, block 32)"),
+]
+
+
+@dataclass
+class Adjust:
+    """A method's departure from the unified rollout / its own defaults, with the reason (keyed by the registry name;
+    every key must be a registered algorithm)."""
+    why: str
+    algorithm: dict = field(default_factory=dict)  # fixed keys
+    per_task: dict = field(default_factory=dict)  # task -> algorithm keys
+    per_kind: dict = field(default_factory=dict)  # attention kind -> algorithm keys
+    single_block: bool = False  # masked models: one block of gen_length (the method needs every position predicted)
+    sampler: dict = field(default_factory=dict)
+    merge_blocks_on: tuple = ()  # attention kinds where algorithm.shrink = steps per block (one transition per block)
+
+
+ADJUST = {
+    "mdpo": Adjust("MDPO rewards every step's whole-answer prediction: single-block rollouts with the trajectory recorded "
+                   "(docs/algorithms/mdpo.md); its logit temperature = the rollout temperature (reference)",
+                   single_block=True, sampler={"record_trajectory": True, "block_stop": False}),
+    "cj_grpo": Adjust("CJ-GRPO replays every decoding step; on masked models (256 steps) they are merged to one "
+                      "transition per block (DARE's step_merge: #blocks forwards), block models replay every step "
+                      "(their blocks replay in parallel: steps-per-block forwards); EOSER/ASS off as in DARE's port "
+                      "(the unified decoding)", merge_blocks_on=("bidirectional",),
+                      per_kind={"block_causal": {"shrink": 1}}),
+    "tracerl": Adjust("TraceRL's trajectory shrinkage: 8 on full attention (rl_llada.yaml), 1 on block models "
+                      "(rl_sdar.yaml)", per_kind={"bidirectional": {"shrink": 8}, "block_causal": {"shrink": 1}}),
+    "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
+                  per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
+                            "sudoku": {"eubo_beta": 1.0}}),
+}
+
+TEMPERATURE = 1.0  # rollout sampling temperature (most methods' rollouts; d1 uses 0.9)
+
+
+# --- building one recipe ------------------------------------------------------------------------------------------
+
+
+def registry():
+    sys.path.insert(0, str(ROOT / "src"))
+    from dare.algorithms import ALGORITHMS, load_builtin_algorithms
+    from dare.algorithms.matrix import family_attention
+    load_builtin_algorithms()
+    unknown = sorted(set(ADJUST) - set(ALGORITHMS))
+    if unknown:
+        raise SystemExit(f"ADJUST names unregistered algorithm(s) {unknown}")
+    return ALGORITHMS, family_attention()
+
+
+def grid():
+    """[(model, algorithm name, task)] of the whole grid, from the registries."""
+    algos, attention = registry()
+    out = []
+    for m in MODELS:
+        kind = attention[m.family]
+        names = sorted(n for n, c in algos.items() if c.uses_rollout and kind in c.supports)
+        out += [(m, n, t) for n in names for t in TASKS]
+    return out
+
+
+def sampler(m: Model, kind: str, task: Task, adjust: Adjust | None, temperature: float) -> dict:
+    block = m.block_size if kind == "block_causal" else MASKED_BLOCK
+    if adjust and adjust.single_block and kind != "block_causal":
+        block = task.gen_length
+    out = {"gen_length": task.gen_length, "block_length": block, "steps": task.steps, "temperature": temperature,
+           "remasking": "low_confidence"}
+    if kind == "block_causal":
+        out["cache"] = "block"  # the exact block KV cache (docs/samplers.md)
+    if adjust:
+        out.update(adjust.sampler)
+    return out
+
+
+def build(m: Model, name: str, task_name: str):
+    """(recipe dict, header lines) of one cell."""
+    algos, attention = registry()
+    cls, kind, task = algos[name], attention[m.family], TASKS[task_name]
+    adjust = ADJUST.get(name)
+    fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
+    algo = {"name": name}
+    notes = []
+    if "beta" in fields:
+        algo["beta"] = 0.0
+    for key in MC_FIELDS:
+        if key in fields:
+            algo[key] = MC_SAMPLES
+    if "temperature" in fields:  # a method that rescales logits by the rollout temperature (MDPO)
+        algo["temperature"] = TEMPERATURE
+    roll = sampler(m, kind, task, adjust, TEMPERATURE)
+    if adjust:
+        algo.update(adjust.algorithm)
+        algo.update(adjust.per_task.get(task_name, {}))
+        algo.update(adjust.per_kind.get(kind, {}))
+        if kind in adjust.merge_blocks_on:
+            algo["shrink"] = task.steps // math.ceil(task.gen_length / roll["block_length"])
+        notes.append(f"#   {name}: {adjust.why}")
+    steps = math.ceil(task.rows / BATCH_PROMPTS)
+    eval_sampler = sampler(m, kind, task, None, 0.0)  # every method is evaluated with the same greedy decoding
+    recipe = {
+        "model": {"path": m.path, "dtype": "float32", "gradient_checkpointing": True},
+        "algorithm": algo,
+        "data": {"dataset": dict(task.dataset)},
+        "rollout": {"group_size": GROUP_SIZE, "sampler": roll},
+        "reward": {"workers": task.reward_workers},
+        "optim": {"lr": 1.0e-6, "betas": [0.9, 0.99], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 10,
+                  "grad_clip": 1.0},
+        "train": {"mixed_precision": "bf16", "steps": steps, "batch_size": BATCH_PROMPTS, "micro_batch_size": task.micro_batch,
+                  "save_every": 100, "eval_every": 100, "output_dir": f"runs/paper/{m.folder}/{name}_{task_name}"},
+        "eval": {"benchmarks": list(task.eval_benchmarks), "limit": 64, "template": "reasoning", "sampler": eval_sampler},
+        "distributed": {"nproc": GPUS},
+    }
+    states = 16 * m.params_b  # GB: fp32 weights 4 + gradients 4 + AdamW 8 bytes per parameter
+    mc = [k for k in MC_FIELDS if k in fields]
+    header = [
+        f"# Paper grid: {name} on {m.note}, task {task_name}. Generated by scripts/make_paper_recipes.py: edit the "
+        "script, not this file. Guide: docs/paper_recipes.md; the method: docs/algorithms/ (its defaults fill every "
+        "algorithm key not set here).",
+        f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB). Full fine-tuning under FSDP2: fp32 weights, "
+        f"gradients and AdamW states take 16 B/param = {states:.0f} GB, {states / GPUS:.0f} GB per GPU when sharded; "
+        "bf16 compute with gradient checkpointing; the rest holds activations and the rollout (KL is off: no "
+        "reference copy).",
+        f"#   dare train recipes/paper/{m.folder}/{name}_{task_name}.yaml    # torchrun over distributed.nproc={GPUS}",
+        f"#   CPU smoke run: model.path=tiny:{m.family} distributed.nproc=1 train.mixed_precision=none plus tiny "
+        "lengths and budgets (docs/paper_recipes.md, 'Running a cell')",
+        "# Settings and their sources:",
+        f"#   rollout.group_size {GROUP_SIZE}; beta 0 (KL off)"
+        + (f"; {'/'.join(mc)} {MC_SAMPLES} (MC samples)" if mc else "")
+        + " -- the paper's unified settings (project issue).",
+        f"#   rollout block_length {roll['block_length']}: " + (
+            "the model's own block size (a block model decodes with its training block)." if kind == "block_causal"
+            else ("gen_length, one block (see the method note below)." if roll["block_length"] == task.gen_length
+                  else "the unified block length.")),
+        f"#   task: {task.source} -- unified. train.steps {steps} = 1 epoch of {task.rows} prompts ({task.rows_source}).",
+        f"#   train.batch_size {BATCH_PROMPTS} prompts x {GROUP_SIZE} completions per step, lr 1e-6 constant (10 warmup "
+        "steps), AdamW betas (0.9, 0.99), grad clip 1.0, rollout temperature 1.0 with low_confidence remasking, d1's "
+        "reasoning prompt template, eval every 100 steps on 64 examples per benchmark with greedy decoding (final "
+        "scores: dare eval on the full test sets) -- our choices, the issue does not fix them.",
+        *notes,
+    ]
+    return recipe, header
+
+
+# --- YAML text ------------------------------------------------------------------------------------------------------
+
+
+def _scalar(v) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+
+
+def _emit(d: dict, indent: int) -> list[str]:
+    pad = "  " * indent
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += [f"{pad}{k}:", *_emit(v, indent + 1)]
+        else:
+            out.append(f"{pad}{k}: {_scalar(v)}")
+    return out
+
+
+def to_yaml(recipe: dict, header: list[str]) -> str:
+    lines = []
+    for h in header:  # comment lines wrapped at 118 characters
+        lines += textwrap.wrap(h, 118, subsequent_indent="#     ", break_on_hyphens=False) or ["#"]
+    return "\n".join(lines + _emit(recipe, 0)) + "\n"
+
+
+def render_all() -> dict[Path, str]:
+    return {OUT / m.folder / f"{name}_{task}.yaml": to_yaml(*build(m, name, task)) for m, name, task in grid()}
+
+
+# --- the mixed math training file -----------------------------------------------------------------------------------
+
+
+def write_math_mix(out: Path, limit: int | None = None) -> int:
+    """GSM8K train + MATH train (bundled copies) as one JSONL in the ``qa`` layout; returns the row count.
+
+    ``data.dataset`` reads one source, so the two sets are concatenated once here (GSM8K first; the recipes shuffle)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from dare.data import DataConfig, load_examples
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(out, "w", encoding="utf-8") as f:
+        for name in ("gsm8k", "math"):
+            for ex in load_examples(DataConfig(name=name, split="train", source="bundled", limit=limit)):
+                row = {"problem": ex["question"], "answer": ex["ground_truth"], "source": ex["id"]}
+                if ex.get("solution"):
+                    row["solution"] = ex["solution"]
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                n += 1
+    return n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail if any recipe on disk is stale or missing")
+    ap.add_argument("--data", action="store_true", help=f"write {MATH_MIX} (GSM8K + MATH train) instead")
+    ap.add_argument("--out", default=None, help=f"with --data: the output file (default: {MATH_MIX})")
+    args = ap.parse_args(argv)
+    if args.data:
+        out = Path(args.out) if args.out else ROOT / MATH_MIX
+        n = write_math_mix(out)
+        print(f"wrote {n} rows to {out}")
+        return 0
+    files = render_all()
+    if args.check:
+        on_disk = set(OUT.rglob("*.yaml"))
+        stale = sorted(str(p.relative_to(ROOT)) for p, text in files.items()
+                       if not p.is_file() or p.read_text(encoding="utf-8") != text)
+        extra = sorted(str(p.relative_to(ROOT)) for p in on_disk - set(files))
+        for p in stale:
+            print(f"stale or missing: {p}")
+        for p in extra:
+            print(f"not generated: {p}")
+        return 1 if stale or extra else 0
+    for p, text in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+    print(f"wrote {len(files)} recipes under {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
