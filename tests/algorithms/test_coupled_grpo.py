@@ -207,5 +207,6 @@ def test_recipe_defaults():
 
 
 @pytest.mark.slow
-def test_learns_a_toy_reward(tmp_path):
-    learns_toy_reward(tmp_path, "coupled_grpo", "llada", "algorithm.beta=0.0")
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_learns_a_toy_reward(tmp_path, family):
+    learns_toy_reward(tmp_path, "coupled_grpo", family, "algorithm.beta=0.0")

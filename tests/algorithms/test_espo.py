@@ -275,8 +275,9 @@ def learns_toy_reward(tmp_path, name, family, *overrides):
 
 
 @pytest.mark.slow
-def test_learns_a_toy_reward(tmp_path):
-    learns_toy_reward(tmp_path, "espo", "llada", "algorithm.num_mc=2", "algorithm.beta=0.0")
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_learns_a_toy_reward(tmp_path, family):
+    learns_toy_reward(tmp_path, "espo", family, "algorithm.num_mc=2", "algorithm.beta=0.0")
 
 
 def test_recipe_defaults():

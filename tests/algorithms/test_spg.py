@@ -286,5 +286,6 @@ def test_recipe_defaults():
 
 
 @pytest.mark.slow
-def test_learns_a_toy_reward(tmp_path):
-    learns_toy_reward(tmp_path, "spg", "llada", "algorithm.num_t=2", "algorithm.inner_iterations=2")
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_learns_a_toy_reward(tmp_path, family):
+    learns_toy_reward(tmp_path, "spg", family, "algorithm.num_t=2", "algorithm.inner_iterations=2")
