@@ -216,9 +216,11 @@ class Trainer:
     def periodic_eval(self, steps_done: int) -> dict:
         """Evaluate on ``eval.benchmarks`` with ``dare.eval.evaluate``; returns ``eval/<benchmark>`` scores.
 
-        Every rank runs the same evaluation (identical inputs, so FSDP's collectives stay in lockstep); rank 0 writes
+        Every rank runs the same evaluation with its parameters gathered once (``gathered_for_inference``: decode
+        lengths are data-dependent, so no collective may run inside the decoding loop); rank 0 writes
         ``eval/step-N/`` (per-sample JSONL, results.json, results.md)."""
         from ..eval import RunOptions, evaluate
+        from .distributed import gathered_for_inference
         ec = self.recipe.eval
         opts = RunOptions(limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=self.recipe.train.seed,
                           resume=False, progress=False, reward_timeout=self.recipe.reward.timeout,
@@ -227,8 +229,9 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            results = evaluate(self.model, self.tokenizer, list(ec.benchmarks), ec.sampler, output_dir=out,
-                               model_name=f"step-{steps_done}", options=opts)
+            with gathered_for_inference(self.model):  # decode lengths differ across ranks: no collectives inside
+                results = evaluate(self.model, self.tokenizer, list(ec.benchmarks), ec.sampler, output_dir=out,
+                                   model_name=f"step-{steps_done}", options=opts)
         finally:
             self.model.train(was_training)
         return {f"eval/{name}": float(s["score"]) for name, s in results["benchmarks"].items()}

@@ -114,13 +114,15 @@ class RolloutStage:
     def collect(self, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
         """(1) generate ``group_size`` completions per prompt, (2) score them; returns the RL batch."""
         from ..rollout import generate
+        from .distributed import gathered_for_inference
         rc = self.recipe.rollout
         t0 = time.perf_counter()
         uids = prompts["uid"].tolist()
         seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, ctx.step, u) for u in uids]
         chunk = rc.micro_batch_size or len(uids)
-        parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], rc.sampler, n=self.group, seeds=seeds[s:s + chunk])
-                 for s in range(0, len(uids), chunk)]
+        with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
+            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], rc.sampler, n=self.group, seeds=seeds[s:s + chunk])
+                     for s in range(0, len(uids), chunk)]
         ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
         t1 = time.perf_counter()
         prompt_of = ro.prompt_index.cpu()
