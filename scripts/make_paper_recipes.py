@@ -2,7 +2,6 @@
 
     python scripts/make_paper_recipes.py            # (re)write every recipe of the grid
     python scripts/make_paper_recipes.py --check    # exit 1 if a recipe on disk differs from the generated one
-    python scripts/make_paper_recipes.py --data     # write data/paper/math_train.jsonl (GSM8K + MATH train)
 
 The grid is every registered RL algorithm (``uses_rollout``) whose ``supports`` holds the model's attention kind, for
 LLaDA-8B-Instruct and Dream-7B-Instruct (masked diffusion) and SDAR-8B-Chat and LLaDA2.0-mini (block diffusion), times
@@ -25,7 +24,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "recipes" / "paper"
-MATH_MIX = "data/paper/math_train.jsonl"  # written by --data (relative to the repository root, where runs start)
+# GSM8K + MATH train, read from the bundled copies as one data mixture (``data.dataset.mix``).
+MATH_MIX = [{"name": "gsm8k", "split": "train"}, {"name": "math", "split": "train"}]
 CODE_DATA = "data/deepcoder/train.jsonl"  # not bundled: see docs/paper_recipes.md for the layout
 
 # --- the unified settings of the paper's comparison (the project issue) ------------------------------------------
@@ -52,7 +52,7 @@ class Task:
 
 
 TASKS = {
-    "math": Task("math", {"path": MATH_MIX, "template": "reasoning", "shuffle_seed": 0}, 7473 + 7470,
+    "math": Task("math", {"mix": MATH_MIX, "template": "reasoning", "shuffle_seed": 0}, 7473 + 7470,
                  "GSM8K train 7,473 + MATH train 7,470 (bundled copies; 4 MATH rows have no gold answer)",
                  512, 256, ("gsm8k", "math500"), "GSM8K + MATH train, max response 512, 256 diffusion steps, 1 epoch", 4),
     "code": Task("code", {"path": CODE_DATA, "template": "reasoning", "shuffle_seed": 0}, 24000,
@@ -257,39 +257,10 @@ def render_all() -> dict[Path, str]:
     return {OUT / m.folder / f"{name}_{task}.yaml": to_yaml(*build(m, name, task)) for m, name, task in grid()}
 
 
-# --- the mixed math training file -----------------------------------------------------------------------------------
-
-
-def write_math_mix(out: Path, limit: int | None = None) -> int:
-    """GSM8K train + MATH train (bundled copies) as one JSONL in the ``qa`` layout; returns the row count.
-
-    ``data.dataset`` reads one source, so the two sets are concatenated once here (GSM8K first; the recipes shuffle)."""
-    sys.path.insert(0, str(ROOT / "src"))
-    from dare.data import DataConfig, load_examples
-    out.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with open(out, "w", encoding="utf-8") as f:
-        for name in ("gsm8k", "math"):
-            for ex in load_examples(DataConfig(name=name, split="train", source="bundled", limit=limit)):
-                row = {"problem": ex["question"], "answer": ex["ground_truth"], "source": ex["id"]}
-                if ex.get("solution"):
-                    row["solution"] = ex["solution"]
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                n += 1
-    return n
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if any recipe on disk is stale or missing")
-    ap.add_argument("--data", action="store_true", help=f"write {MATH_MIX} (GSM8K + MATH train) instead")
-    ap.add_argument("--out", default=None, help=f"with --data: the output file (default: {MATH_MIX})")
     args = ap.parse_args(argv)
-    if args.data:
-        out = Path(args.out) if args.out else ROOT / MATH_MIX
-        n = write_math_mix(out)
-        print(f"wrote {n} rows to {out}")
-        return 0
     files = render_all()
     if args.check:
         on_disk = set(OUT.rglob("*.yaml"))

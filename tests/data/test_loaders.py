@@ -181,7 +181,7 @@ def test_known_bad_rows_of_bundled_math_train_are_dropped_not_fatal(caplog):
 
 
 def test_config_and_source_errors(tmp_path):
-    with pytest.raises(ValueError, match="exactly one of name, path or hf"):
+    with pytest.raises(ValueError, match="exactly one of name, path, hf or mix"):
         DataConfig(name="gsm8k", path="x.jsonl")
     with pytest.raises(ValueError, match="unknown dataset 'gsm9k'"):
         load_examples(DataConfig(name="gsm9k"))
@@ -215,3 +215,14 @@ def test_hugging_face_ids_go_through_datasets(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ImportError, match="pip install datasets"):
         load_examples(DataConfig(hf="someone/x"))
+
+
+def test_mixture_concatenates_sources_then_shuffles_and_limits():
+    mix = DataConfig(mix=[DataConfig(name="countdown", split="test", limit=5), DataConfig(name="sudoku", split="test", limit=3)])
+    examples = load_examples(mix)
+    assert [e["task"] for e in examples] == ["countdown"] * 5 + ["sudoku"] * 3
+    shuffled = load_examples(DataConfig(mix=mix.mix, shuffle_seed=1, limit=6))
+    assert len(shuffled) == 6 and {e["id"] for e in shuffled} <= {e["id"] for e in examples}
+    assert [e["id"] for e in shuffled] != [e["id"] for e in examples[:6]]
+    with pytest.raises(ValueError, match="either mix"):
+        DataConfig(name="gsm8k", mix=mix.mix)

@@ -109,15 +109,15 @@ def test_recipe_validates_with_the_unified_settings(path):
     assert "8 GPUs x 80 GB" in head and "GB per GPU" in head and "Settings and their sources" in head
 
 
-def test_math_mix_is_gsm8k_plus_math_train(tmp_path):
-    out = tmp_path / "math_train.jsonl"
-    assert MPR.write_math_mix(out) == MPR.TASKS["math"].rows
-    examples = load_examples(DataConfig(path=str(out)))
+def test_math_data_is_the_gsm8k_plus_math_train_mixture():
+    recipe = load_recipe(ROOT / "recipes" / "paper" / "llada_8b_instruct" / "d1_math.yaml")
+    examples = load_examples(recipe.data.dataset)
     assert len(examples) == MPR.TASKS["math"].rows and {e["task"] for e in examples} == {"math"}
     gsm = load_examples(DataConfig(name="gsm8k", split="train"))
     maths = load_examples(DataConfig(name="math", split="train"))
-    for ex, orig in ((examples[0], gsm[0]), (examples[len(gsm)], maths[0]), (examples[-1], maths[-1])):
-        assert (ex["question"], ex["ground_truth"]) == (orig["question"], orig["ground_truth"])
+    mixed = {(e["question"], e["ground_truth"]) for e in examples}
+    assert mixed == {(e["question"], e["ground_truth"]) for e in gsm + maths}
+    assert [e["id"] for e in examples[:3]] != [e["id"] for e in gsm[:3]]  # shuffled across the two sources
 
 
 @pytest.mark.parametrize("layout", ["code_mbpp_layout.jsonl", "code_humaneval_layout.jsonl"])
@@ -140,23 +140,16 @@ def test_documented_code_layouts_load_and_reward(layout):
 COST_KNOBS = {"num_mc": 2, "num_t": 2, "sample_train_steps": 2, "inner_iterations": 1}
 
 
-@pytest.fixture(scope="module")
-def math_mix(tmp_path_factory):
-    out = tmp_path_factory.mktemp("paper") / "math_train.jsonl"
-    MPR.write_math_mix(out, limit=2)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", RECIPES, ids=_id)
-def test_recipe_starts_on_cpu_with_a_tiny_model(path, tmp_path, math_mix):
+def test_recipe_starts_on_cpu_with_a_tiny_model(path, tmp_path):
     from dare.trainer.loop import Trainer
     model, name, task = _cell(path)
     recipe = load_recipe(path)
     fields = {f.name for f in dataclasses.fields(type(recipe.algorithm))}
     block = model.block_size or (8 if recipe.rollout.sampler.block_length == task.gen_length else 4)
     gen = 2 * block if model.block_size and block < 16 else max(block, 8)
-    data = {"math": str(math_mix), "code": str(DATA / "code_mbpp_layout.jsonl")}
+    data = {"code": str(DATA / "code_mbpp_layout.jsonl")}
     overrides = [f"model.path=tiny:{model.family}", "model.tiny_sizes={hidden_size: 32, num_layers: 1}",
                  "distributed.nproc=1", "train.mixed_precision=none", "train.steps=1", "train.batch_size=1",
                  "train.micro_batch_size=2", "rollout.group_size=2", f"rollout.sampler.gen_length={gen}",

@@ -1,7 +1,7 @@
 """``DataConfig``: where examples come from and how they become prompts (a recipe's ``data:`` section)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 
@@ -26,12 +26,23 @@ class DataConfig:
     generation_prefix: Optional[str] = None  # text the assistant turn starts with (e.g. "<reasoning>"); None = template's
     max_prompt_tokens: Optional[int] = None  # longer prompts are bad rows (see on_bad_row)
     on_bad_row: Literal["error", "skip"] = "error"  # skip: log each bad row (file + row) and leave it out
+    # A mixture instead of one source: each entry is a source (name/path/hf with its own split, format, limit,
+    # shuffle); their examples are concatenated, then this section's shuffle/limit/template apply to the whole.
+    mix: list["DataConfig"] = field(default_factory=list)
 
     def __post_init__(self):
         given = [k for k in ("name", "path", "hf") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError(f"data: set exactly one of name, path or hf (got {', '.join(given) or 'none'})")
+        if self.mix and given:
+            raise ValueError(f"data: set either mix (a list of sources) or one of name, path, hf (got mix and {', '.join(given)})")
+        if not self.mix and len(given) != 1:
+            raise ValueError(f"data: set exactly one of name, path, hf or mix (got {', '.join(given) or 'none'})")
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"data.limit must be >= 0, got {self.limit}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
             raise ValueError(f"data.max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
+
+    def describe(self) -> str:
+        """Where the examples come from, for messages."""
+        if self.mix:
+            return "mix(" + ", ".join(m.describe() for m in self.mix) + ")"
+        return str(self.path or self.hf or self.name)

@@ -79,7 +79,13 @@ def iter_examples(cfg: DataConfig, policy: Optional[BadRowPolicy] = None) -> Ite
 def load_examples(cfg: DataConfig) -> list[dict]:
     """All examples of ``cfg`` (shuffled with ``shuffle_seed`` when set, then cut to ``limit``)."""
     policy = BadRowPolicy(cfg.on_bad_row)
-    if cfg.shuffle_seed is None and cfg.limit is not None:
+    if cfg.mix:
+        out = [ex for part in cfg.mix for ex in load_examples(part)]
+        if cfg.shuffle_seed is not None:
+            random.Random(cfg.shuffle_seed).shuffle(out)
+        if cfg.limit is not None:
+            out = out[:cfg.limit]
+    elif cfg.shuffle_seed is None and cfg.limit is not None:
         out = []
         for ex in iter_examples(cfg, policy):
             if len(out) >= cfg.limit:
@@ -91,10 +97,10 @@ def load_examples(cfg: DataConfig) -> list[dict]:
             random.Random(cfg.shuffle_seed).shuffle(out)
         if cfg.limit is not None:
             out = out[:cfg.limit]
-    policy.summary(cfg.path or cfg.hf or cfg.name)
+    policy.summary(cfg.describe())
     ids = set()
     for ex in out:
         if ex["id"] in ids:
-            raise DataError(f"{cfg.path or cfg.hf or cfg.name}: duplicate example id {ex['id']!r}")
+            raise DataError(f"{cfg.describe()}: duplicate example id {ex['id']!r}")
         ids.add(ex["id"])
     return out

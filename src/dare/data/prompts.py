@@ -89,5 +89,5 @@ def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig) -> list[Prom
             policy.handle(e)
             continue
         out.append(PromptedExample(ex, text, ids))
-    policy.summary(cfg.path or cfg.hf or cfg.name)
+    policy.summary(cfg.describe())
     return out

@@ -101,7 +101,7 @@ def _sft_texts(data_cfg, tokenizer):
             def parse(ex=ex):
                 prompt_text, completion = build_sft_example(ex, ds.template, tokenizer, ds.system_prompt, ds.chat_template,
                                                             ds.generation_prefix)
-                loc = f"{ds.path or ds.hf or ds.name}, example {ex['id']}"
+                loc = f"{ds.describe()}, example {ex['id']}"
                 if not completion.strip():
                     raise DataError(f"{loc}: empty gold completion")
                 return loc, encode_prompt(prompt_text, tokenizer, chat), completion

@@ -39,7 +39,7 @@ class PromptSource:
             raise ValueError("RL needs data.dataset: a dare.data source of prompts (name/path/hf, template, ...)")
         prompted = build_prompts(load_examples(ds), tokenizer, ds)
         if not prompted:
-            raise ValueError(f"data.dataset {ds.name or ds.path or ds.hf}: no usable prompts")
+            raise ValueError(f"data.dataset {ds.describe()}: no usable prompts")
         return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.rank, env.world_size)
 
     def batch(self, step: int) -> Batch:
