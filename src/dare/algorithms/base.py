@@ -270,9 +270,19 @@ class Algorithm:
     data_kind: ClassVar[str] = "sft"
     # RL methods: the loop generates completions and scores them before the hooks run.
     uses_rollout: ClassVar[bool] = False
+    # Attention kinds the method's math is defined for ("bidirectional": LLaDA, LLaDA-MoE, Dream; "block_causal":
+    # SDAR, SDAR-MoE, LLaDA2). The README's support matrix is generated from it.
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
+
+    def check_model(self, adapter) -> None:
+        """A clear error when the model's attention kind is not in ``supports`` (the loop calls it at start-up)."""
+        if adapter.attention not in self.supports:
+            from .matrix import families_of
+            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
+                             f"{adapter.attention!r} (supported families: {', '.join(families_of(self.supports))})")
 
     # --- what the loop must prepare -------------------------------------------------------------------
     @property

@@ -29,7 +29,7 @@ from typing import ClassVar, Optional
 import torch
 
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .espo import check_attention, elbo_view, random_subset, sequence_loglik, stratified_counts, view_sequence_logp
+from .espo import elbo_view, random_subset, sequence_loglik, stratified_counts, view_sequence_logp
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, kl_penalty
 
 EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch inf * 0 would be NaN in backward)
@@ -91,7 +91,7 @@ class BGPO(GRPOAlgorithm):
         return self.config.num_mc
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         n = self.config.num_mc
         valid = batch["completion_mask"].bool().cpu()
         B, Lc = valid.shape

@@ -33,7 +33,6 @@ import torch
 from ..diffusion.corruption import apply_mask
 from .base import Batch, StepContext, View, register_algorithm
 from .d1 import completion_view
-from .espo import check_attention
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
 
 
@@ -82,7 +81,7 @@ class CoupledGRPO(GRPOAlgorithm):
         return 3 if self.config.full_mask_view else 2
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         cfg = self.config
         mask_id = ctx.adapter.mask_token_id
         comp, scored = batch["completion_ids"], batch["completion_mask"].bool()

@@ -25,7 +25,6 @@ import torch
 
 from ..diffusion.corruption import apply_mask
 from .base import Batch, StepContext, View, register_algorithm
-from .espo import check_attention
 from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
 from .views import prompt_completion_view
 
@@ -87,7 +86,7 @@ class D1(GRPOAlgorithm):
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         mask_id = ctx.adapter.mask_token_id
         masked_prompt = prompt_masks(ctx, batch, iteration, self.config.p_mask_prompt)
         noisy_prompt = apply_mask(batch["prompt_ids"], masked_prompt, mask_id)

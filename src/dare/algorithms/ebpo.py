@@ -25,7 +25,7 @@ from typing import ClassVar, Literal
 import torch
 
 from .base import Batch, StepContext, View, register_algorithm
-from .espo import SequenceRatioAlgorithm, check_attention, elbo_view, random_subset
+from .espo import SequenceRatioAlgorithm, elbo_view, random_subset
 from .grpo import AdvantageMode, GRPOConfig
 
 
@@ -92,6 +92,6 @@ class EBPO(SequenceRatioAlgorithm):
         return self.config.num_mc
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         masked, weight, t = ebpo_masks(ctx, batch, iteration, self.config.num_mc)
         return [elbo_view(ctx, batch, masked[k], weight[k], 0, {"t": t[k]}) for k in range(self.config.num_mc)]

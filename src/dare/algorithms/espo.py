@@ -44,14 +44,6 @@ from .views import prompt_completion_view
 # ----------------------------------------------------------------------------------------------------------
 
 
-def check_attention(algo, adapter) -> None:
-    """A clear error when the model's attention kind is not in the algorithm's ``supports``."""
-    if adapter.attention not in algo.supports:
-        from .matrix import families_of
-        raise ValueError(f"algorithm {algo.name!r} supports {algo.supports} attention; this model is "
-                         f"{adapter.attention!r} (supported families: {', '.join(families_of(algo.supports))})")
-
-
 def stratified_counts(gen: torch.Generator, length: int, n: int, low: int) -> torch.Tensor:
     """``n`` mask counts in ``{low..length}`` spread evenly around the cycle from a uniform start (long ``[n]``).
 
@@ -200,7 +192,7 @@ class ESPO(SequenceRatioAlgorithm):
         return self.config.num_mc * (2 if self.config.antithetic else 1)
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         cfg = self.config
         valid = batch["completion_mask"].bool().cpu()
         B, Lc = valid.shape

@@ -38,7 +38,6 @@ import torch
 
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .espo import check_attention
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty
 from .tracerl import agree_max
 from .views import prompt_completion_view
@@ -160,7 +159,7 @@ class MDPO(GRPOAlgorithm):
 
     # --- views: one per selected step --------------------------------------------------------------------
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         if iteration > 0 and "mdpo_views" in batch.meta:  # deterministic: reuse the first iteration's views
             return batch.meta["mdpo_views"]
         steps = self._prepare_steps(ctx, batch)

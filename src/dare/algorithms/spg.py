@@ -41,7 +41,6 @@ from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .d1 import completion_view
 from .ebpo import completion_blocks
-from .espo import check_attention
 from .grpo import GRPOAlgorithm, GRPOConfig
 
 ForwardType = Literal["all", "random", "block_all", "block_random"]
@@ -182,7 +181,7 @@ class SPG(GRPOAlgorithm):
         return self.config.num_t
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        check_attention(self, ctx.adapter)
+        self.check_model(ctx.adapter)
         mask_id = ctx.adapter.mask_token_id
         prompt, comp, valid = batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"].bool()
         views = []

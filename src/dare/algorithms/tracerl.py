@@ -181,13 +181,6 @@ class ReplayAlgorithm(GRPOAlgorithm):
         # of exactly 0 with zero gradient, which is what a separate old pass would give, minus the pass.
         return self.config.inner_iterations > 1
 
-    def check_model(self, ctx: StepContext) -> None:
-        if ctx.adapter.attention not in self.supports:
-            families = {"bidirectional": "LLaDA, LLaDA-MoE, Dream", "block_causal": "SDAR, SDAR-MoE, LLaDA2"}
-            names = "; ".join(families[k] for k in self.supports)
-            raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
-                             f"{ctx.adapter.attention!r} (use {names})")
-
     def eligible(self, batch: Batch) -> torch.Tensor:
         """Completion positions that may be targets: the completion mask plus ``post_tokens`` positions."""
         cm = batch["completion_mask"].bool()
@@ -218,7 +211,7 @@ class ReplayAlgorithm(GRPOAlgorithm):
         return plan
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx)
+        self.check_model(ctx.adapter)
         # The replay is deterministic: every inner iteration reuses the views (the same list) of the first.
         if iteration > 0 and "replay_views" in batch.meta:
             return batch.meta["replay_views"]

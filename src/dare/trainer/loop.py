@@ -69,6 +69,7 @@ class Trainer:
         self.run_dir = Path(recipe.train.output_dir)
         self.algo = build_algorithm(recipe.algorithm)
         model, self.tokenizer = load_policy(recipe.model)
+        self.algo.check_model(model.adapter)  # fail before any rollout when the method is undefined for this family
         if recipe.lora.enabled:
             lc = recipe.lora
             apply_lora(model, lc.r, lc.alpha, lc.dropout, lc.target_modules, lc.include_experts, seed=recipe.train.seed)
