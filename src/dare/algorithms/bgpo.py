@@ -30,7 +30,7 @@ import torch
 
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .espo import elbo_view, random_subset, sequence_loglik, stratified_counts, view_sequence_logp
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, kl_penalty
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clip_ratio_loss, kl_penalty
 
 EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch inf * 0 would be NaN in backward)
 
@@ -60,23 +60,6 @@ def bgpo_ratio(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
 def bgpo_bound(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
     """The unclipped lower bound ``A mean_j r_j`` of ``A exp(mean_j Delta_j)`` per sequence."""
     return adv * bgpo_ratio(delta, adv).mean(-1)
-
-
-def clipped_ratio_loss(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: Optional[float],
-                       dual_clip: Optional[float]):
-    """``-min(r A, clip(r) A)`` (+ dual clip for A < 0) for a given ratio tensor. Returns (loss, clipped)."""
-    hi = clip_low if clip_high is None else clip_high
-    a = adv.view(-1, *([1] * (ratio.dim() - 1))).expand_as(ratio)
-    unclipped = ratio * a
-    clipped_term = ratio.clamp(1.0 - clip_low, 1.0 + hi) * a
-    loss = -torch.minimum(unclipped, clipped_term)
-    clipped = clipped_term < unclipped
-    if dual_clip is not None:
-        cap = -dual_clip * a
-        capped = (a < 0) & (loss > cap)
-        loss = torch.where(capped, cap, loss)
-        clipped = clipped | capped
-    return loss, clipped
 
 
 @register_algorithm
@@ -119,7 +102,7 @@ class BGPO(GRPOAlgorithm):
         adv = batch["advantages"].to(l.device).float()
         active = batch["active"].float().to(l.device)
         ratio = bgpo_ratio(l - old, adv)
-        terms, clipped = clipped_ratio_loss(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        terms, clipped = clip_ratio_loss(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
         denom = cfg.num_mc * max(ctx.norms["seqs"], 1.0)
         metrics = {"ratio_mean": float((ratio.detach() * active[:, None]).sum()) / denom,
                    "clip_frac": float((clipped.float() * active[:, None]).sum()) / denom,

@@ -122,16 +122,13 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float,
-                      clip_high: Optional[float] = None, dual_clip: Optional[float] = None,
-                      logratio_clamp: Optional[float] = None):
-    """PPO token loss ``-min(rho A, clip(rho, 1 - lo, 1 + hi) A)`` (+ dual clip). Returns (loss, ratio, clipped)."""
+def clip_ratio_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: Optional[float] = None,
+                    dual_clip: Optional[float] = None):
+    """PPO loss ``-min(rho A, clip(rho, 1 - lo, 1 + hi) A)`` (+ dual clip) for a given ratio. Returns (loss, clipped).
+
+    Takes the ratio itself so that surrogates that are not ``exp(logp - old)`` (BGPO's linear bound) share it."""
     hi = clip_low if clip_high is None else clip_high
-    logratio = logp - old_logp
-    if logratio_clamp is not None:
-        logratio = logratio.clamp(-logratio_clamp, logratio_clamp)
-    ratio = torch.exp(logratio)
-    adv = advantages if advantages.dim() == logp.dim() else advantages.view(-1, *([1] * (logp.dim() - 1)))
+    adv = advantages if advantages.dim() == ratio.dim() else advantages.view(-1, *([1] * (ratio.dim() - 1)))
     unclipped = ratio * adv
     clipped_term = ratio.clamp(1.0 - clip_low, 1.0 + hi) * adv
     loss = -torch.minimum(unclipped, clipped_term)
@@ -141,6 +138,18 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         capped = (adv < 0) & (loss > cap)
         loss = torch.where(capped, cap.expand_as(loss), loss)
         clipped = clipped | capped
+    return loss, clipped
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float,
+                      clip_high: Optional[float] = None, dual_clip: Optional[float] = None,
+                      logratio_clamp: Optional[float] = None):
+    """PPO token loss with ``rho = exp(logp - old_logp)`` (see ``clip_ratio_loss``). Returns (loss, ratio, clipped)."""
+    logratio = logp - old_logp
+    if logratio_clamp is not None:
+        logratio = logratio.clamp(-logratio_clamp, logratio_clamp)
+    ratio = torch.exp(logratio)
+    loss, clipped = clip_ratio_loss(ratio, advantages, clip_low, clip_high, dual_clip)
     return loss, ratio, clipped
 
 
