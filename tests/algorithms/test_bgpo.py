@@ -9,7 +9,7 @@ from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -147,11 +147,6 @@ def test_unsupported_config():
 def test_recipe_defaults():
     recipe = load_recipe(ROOT / "recipes/rl/bgpo.yaml")
     assert isinstance(recipe.algorithm, BGPOConfig) and recipe.algorithm.num_mc == 16
-
-
-@pytest.mark.parametrize("family", ["llada", "sdar", "llada_moe", "dream", "sdar_moe", "llada2_moe"])
-def test_end_to_end_two_steps(tmp_path, family):
-    run_rl_recipe(tmp_path, "bgpo", family, "algorithm.num_mc=2")
 
 
 @pytest.mark.slow

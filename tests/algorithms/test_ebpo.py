@@ -9,7 +9,7 @@ from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread, run_rl_recipe  # noqa: F401
+from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="sdar", **cfg):
@@ -146,11 +146,6 @@ def test_masked_models_are_rejected():
 def test_recipe_defaults():
     recipe = load_recipe(ROOT / "recipes/rl/ebpo.yaml")
     assert isinstance(recipe.algorithm, EBPOConfig) and recipe.algorithm.num_mc == 16
-
-
-@pytest.mark.parametrize("family", ["sdar", "sdar_moe", "llada2_moe"])
-def test_end_to_end_two_steps(tmp_path, family):
-    run_rl_recipe(tmp_path, "ebpo", family, "algorithm.num_mc=2", "algorithm.inner_iterations=2")
 
 
 @pytest.mark.slow
