@@ -133,7 +133,10 @@ def gathered_for_inference(model: torch.nn.Module):
     finally:
         for m in mods:
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            # FSDP2 never reshards the root after forward (the loss reads lm_head.weight right after the forward,
+            # e.g. chunked log-probs); only the layers go back to resharding.
+            if m is not model:
+                m.set_reshard_after_forward(True, recurse=False)
 
 
 def set_grad_sync(model: torch.nn.Module, enabled: bool) -> None:
