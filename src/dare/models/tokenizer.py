@@ -36,6 +36,10 @@ def load_tokenizer(path_or_id, mask_token: Optional[str] = None):
     cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
     cls_name = STOCK_TOKENIZER_FOR.get(cfg.get("tokenizer_class", ""))
     if cls_name is None:
+        # AutoTokenizer also parses config.json with the base config class, which warns that our model_type is
+        # not one transformers knows; the tokenizer does not depend on it, so keep the warning out of users' logs.
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
         try:
             tok = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
         except ValueError as e:  # a custom class we do not know: fall back on the files that are there
@@ -46,6 +50,8 @@ def load_tokenizer(path_or_id, mask_token: Optional[str] = None):
             else:
                 raise ValueError(f"cannot load the tokenizer in {folder} without remote code: {e}") from e
             log.warning("tokenizer class %r needs remote code; loading %s instead", cfg.get("tokenizer_class"), cls_name)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
     if cls_name is not None:
         tok = getattr(transformers, cls_name).from_pretrained(str(folder))
     if mask_token is not None:
