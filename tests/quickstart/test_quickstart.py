@@ -1,0 +1,113 @@
+"""The embedded default: the shipped checkpoint, its recipes, a short ``dare quickstart`` and ``dare compare``."""
+import json
+from pathlib import Path
+
+import pytest
+
+from dare.quickstart.assets import ASSET_ROOT, RECIPE_DIR, get_checkpoint, shipped_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_packaged_recipes_equal_the_repository_recipes():
+    """The package carries copies of recipes/quickstart/*.yaml (a pip install has no recipes/ folder)."""
+    repo = {p.name: p.read_text() for p in (ROOT / "recipes" / "quickstart").glob("*.yaml")}
+    packaged = {p.name: p.read_text() for p in RECIPE_DIR.glob("*.yaml")}
+    assert repo and repo == packaged
+
+
+def test_shipped_checkpoint_loads_and_names_its_recipe():
+    from dare.models import load_model
+
+    cks = shipped_checkpoints()
+    assert "sudoku-llada-sft" in cks
+    ck = get_checkpoint("sudoku-llada-sft")
+    assert ck.family == "llada" and (RECIPE_DIR / ck.sft_recipe).exists()
+    assert ck.sft_metrics.exists(), "the SFT loss curve of the shipped checkpoint is drawn in the quickstart PNG"
+    model = load_model(str(ck.path))
+    assert model.adapter.mask_token_id == 2 and sum(p.numel() for p in model.parameters()) < 2_000_000
+    size = sum(f.stat().st_size for f in ASSET_ROOT.rglob("*") if f.is_file())
+    assert size < 8 * 2**20, f"shipped quickstart assets are {size / 2**20:.1f} MiB"
+
+
+def test_unknown_checkpoint_and_bad_override_fail_before_work(tmp_path):
+    from dare.quickstart.pipeline import QuickstartOptions, run_quickstart
+
+    with pytest.raises(ValueError, match="no shipped quickstart checkpoint"):
+        run_quickstart(QuickstartOptions(output_dir=str(tmp_path / "a"), checkpoint="nope"), echo=lambda *a, **k: None)
+    with pytest.raises(Exception, match="optim.lrr"):
+        run_quickstart(QuickstartOptions(output_dir=str(tmp_path / "b"), rl_overrides=["optim.lrr=1"]),
+                       echo=lambda *a, **k: None)
+    assert not (tmp_path / "b" / "rl").exists()
+
+
+def test_compare_plan_follows_the_registry_and_supports():
+    from dare.algorithms import ALGORITHMS
+    from dare.quickstart.compare import CompareOptions, plan, rl_algorithms
+
+    algos = rl_algorithms()
+    assert "coupled_grpo" in algos and "sft" not in algos and "dpo" not in algos
+    for ck, names in plan(CompareOptions()):
+        assert names, ck.name
+        for n in names:
+            assert ck.attention in ALGORITHMS[n].supports
+    with pytest.raises(ValueError, match="not registered"):
+        plan(CompareOptions(algorithms=["no_such_algo"]))
+
+
+@pytest.mark.slow
+def test_short_quickstart_writes_the_run_folder(tmp_path):
+    """A short quickstart (few RL steps, few held-out puzzles): every artefact is there and reward did not collapse."""
+    from dare.quickstart.pipeline import QuickstartOptions, run_quickstart
+
+    run = tmp_path / "qs"
+    lines = []
+    summary = run_quickstart(QuickstartOptions(output_dir=str(run), rl_steps=4, eval_limit=24, progress=False,
+                                               rl_overrides=["train.batch_size=4"]),
+                             echo=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert (run / "rl" / "export" / "model.safetensors").exists()
+    assert (run / "rl" / "export" / "config.json").exists()
+    rows = [json.loads(l) for l in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["reward_mean"] > 0.1 for r in rows), "rollout reward collapsed"
+    assert (run / "quickstart.png").stat().st_size > 10_000
+    table = (run / "results.md").read_text()
+    assert "SFT (baseline)" in table and "coupled_grpo" in table
+    before, after = summary["before"]["sudoku"]["mean_score"], summary["after"]["sudoku"]["mean_score"]
+    assert before > 0.2, "the shipped SFT checkpoint should already solve part of the held-out puzzles"
+    assert after > 0.5 * before, f"held-out reward collapsed: {before} -> {after}"
+    assert json.loads((run / "summary.json").read_text())["rl_steps"] == 4
+    assert any("run folder" in l for l in lines)
+    with pytest.raises(ValueError, match="already holds"):
+        run_quickstart(QuickstartOptions(output_dir=str(run)), echo=lambda *a, **k: None)
+
+
+@pytest.mark.slow
+def test_compare_runs_one_algorithm_and_writes_table_and_figure(tmp_path):
+    from dare.quickstart.compare import CompareOptions, run_compare
+
+    out = tmp_path / "cmp"
+    opts = CompareOptions(algorithms=["d1"], families=["llada"], seeds=1, steps=2, eval_limit=16, output_dir=str(out),
+                          overrides=["train.batch_size=2", "d1:algorithm.inner_iterations=1"], progress=False,
+                          docs_dir=str(tmp_path / "docs"))
+    results = run_compare(opts, echo=lambda *a, **k: None)
+    runs = results["llada"]["runs"]["d1"]
+    assert len(runs) == 1 and runs[0]["steps"] == 2
+    assert "d1" in (out / "comparison.md").read_text()
+    assert (tmp_path / "docs" / "comparison.png").exists()
+    # rerunning reuses the finished run
+    again = run_compare(opts, echo=lambda *a, **k: None)
+    assert again["llada"]["runs"]["d1"][0]["seconds"] == runs[0]["seconds"]
+
+
+def test_the_documented_real_run_overrides_validate():
+    """docs/quickstart.md: the quickstart RL recipe with an 8B model, GSM8K and GPU settings is a valid recipe."""
+    from dare.config.recipe import load_recipe
+
+    r = load_recipe(ROOT / "recipes/quickstart/rl.yaml", [
+        "model.path=GSAI-ML/LLaDA-8B-Instruct", "model.dtype=bfloat16", "data.dataset.name=gsm8k",
+        "data.dataset.template=reasoning", "rollout.sampler.gen_length=256", "rollout.sampler.block_length=32",
+        "rollout.sampler.steps=128", "eval.benchmarks=[gsm8k]", "eval.template=reasoning", "distributed.nproc=8",
+        "train.mixed_precision=bf16"])
+    assert r.model.path == "GSAI-ML/LLaDA-8B-Instruct" and r.data.dataset.name == "gsm8k"
+    assert r.eval.benchmarks == ["gsm8k"] and r.distributed.nproc == 8
