@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: set up (if needed), then run `dare <args>`
-# (default: SFT of a tiny LLaDA on CPU; becomes `dare quickstart` once it lands).
+# (default: `dare quickstart`: a tiny LLaDA on 4x4 Sudoku on CPU, SFT checkpoint -> eval -> RL -> eval, table + PNG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-if [ $# -eq 0 ]; then set -- train recipes/sft_tiny.yaml; fi
+if [ $# -eq 0 ]; then set -- quickstart; fi
 exec .venv/bin/dare "$@"
