@@ -98,6 +98,10 @@ def test_compare_runs_one_algorithm_and_writes_table_and_figure(tmp_path):
     # rerunning reuses the finished run
     again = run_compare(opts, echo=lambda *a, **k: None)
     assert again["llada"]["runs"]["d1"][0]["seconds"] == runs[0]["seconds"]
+    # --report-only tabulates what is finished and starts nothing
+    opts.algorithms, opts.report_only = ["d1", "spg"], True
+    report = run_compare(opts, echo=lambda *a, **k: None)
+    assert list(report["llada"]["runs"]) == ["d1"] and not (out / "llada" / "spg").exists()
 
 
 def test_the_documented_real_run_overrides_validate():

@@ -24,6 +24,8 @@ def add_arguments(p):
                    help="override a recipe field for every run, or for one algorithm with ALGO: in front "
                         "(e.g. --set optim.lr=2e-4 --set bgpo:algorithm.num_mc=8)")
     p.add_argument("--docs", default=None, metavar="DIR", help="also copy the table and PNG to DIR (e.g. docs)")
+    p.add_argument("--report-only", action="store_true",
+                   help="only write the table and figure of the runs already finished in --output-dir; start none")
     p.add_argument("--no-resume", action="store_true", help="rerun every run even when its results exist")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -40,7 +42,8 @@ def run(args) -> int:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     opts = CompareOptions(algorithms=_names(args.algorithms), families=_names(args.families), seeds=args.seeds,
                           steps=args.steps, eval_limit=args.eval_limit, output_dir=args.output_dir,
-                          overrides=list(args.overrides), resume=not args.no_resume, docs_dir=args.docs,
+                          overrides=list(args.overrides), resume=not args.no_resume, report_only=args.report_only,
+                          docs_dir=args.docs,
                           threads=args.threads, progress=not args.no_progress)
     results = run_compare(opts)
     failed = sum(len(r.get("failed", {})) for r in results.values())

@@ -43,6 +43,7 @@ class CompareOptions:
     output_dir: str = "runs/compare"
     overrides: list[str] = field(default_factory=list)  # "key=value" for every run, "algo:key=value" for one method
     resume: bool = True  # reuse finished runs (their summary.json)
+    report_only: bool = False  # only tabulate finished runs (e.g. while others still run); start none
     docs_dir: Optional[str] = None  # also copy comparison.md/.png there (e.g. docs/)
     threads: Optional[int] = None
     progress: bool = True
@@ -144,8 +145,10 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
                     done_runs += 1
                     run_dir = fam_dir / name / f"seed-{seed}"
                     summary_file = run_dir / "summary.json"
-                    if opts.resume and summary_file.exists():
+                    if (opts.resume or opts.report_only) and summary_file.exists():
                         fam["runs"].setdefault(name, []).append(json.loads(summary_file.read_text()))
+                        continue
+                    if opts.report_only:
                         continue
                     if run_dir.exists():
                         shutil.rmtree(run_dir)  # an unfinished run of an earlier invocation: start it over
