@@ -41,13 +41,15 @@ def run(args) -> int:
     from dare.trainer.loop import Trainer, TrainingError
 
     trainer = Trainer(recipe)
+    finished = False
     try:
         history = trainer.run()
+        finished = True
     except TrainingError as e:  # diverged: a clear message, no traceback
         print(f"dare train: error: {e}", file=sys.stderr)
         return 1
     finally:
-        trainer.env.close()
+        trainer.env.close(sync=finished)
     if trainer.env.is_main and history:
         last = history[-1]
         print(f"dare train: {len(history)} steps, final loss {last.get('loss', float('nan')):.4f}; "

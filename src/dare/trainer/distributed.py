@@ -82,8 +82,13 @@ class DistEnv:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def close(self) -> None:
+    def close(self, sync: bool = False) -> None:
+        """Tear the process group down. ``sync`` (after a run that finished on every rank): meet in a barrier first,
+        so no rank destroys its gloo pairs while a peer still talks to it (that race aborts the peer with
+        "terminate called without an active exception"). Never on an error path: the peer may be elsewhere."""
         if self.distributed and dist.is_initialized():
+            if sync:
+                dist.barrier()
             dist.destroy_process_group()
 
 
