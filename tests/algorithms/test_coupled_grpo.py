@@ -109,16 +109,22 @@ def test_masks_replay_across_passes_and_microbatches_without_touching_global_rng
     assert not torch.equal(a[1].input_ids, algo.corrupt(other_step, batch, 0)[1].input_ids)
 
 
-def test_identical_masks_in_old_and_train_pass_give_unit_ratio_and_learn():
-    model, algo, ctx = _setup(inner_iterations=2, beta=0.0)
-    batch = rl_batch(n_prompts=2, group=3, seed=4)
+def _first_update_has_unit_ratio(model, algo, ctx, batch, prepare_micro_batch):
+    """Old and train passes see identical masks, so at the first inner step the ratio is 1, nothing is clipped and
+    the loss is the advantage-weighted token mean."""
     batch["advantages"] = algo.advantages(ctx, batch)
-    stages.prepare(algo, ctx, batch, model, micro_batch_size=4)
+    stages.prepare(algo, ctx, batch, model, micro_batch_size=prepare_micro_batch)
     ctx.norms = algo.normalizers(batch)
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
     m = batch["completion_mask"].float()
     assert metrics["loss"] == pytest.approx((-(m * batch["advantages"][:, None]).sum() / m.sum()).item(), abs=1e-6)
+
+
+def test_identical_masks_in_old_and_train_pass_give_unit_ratio_and_learn():
+    model, algo, ctx = _setup(inner_iterations=2, beta=0.0)
+    batch = rl_batch(n_prompts=2, group=3, seed=4)
+    _first_update_has_unit_ratio(model, algo, ctx, batch, prepare_micro_batch=4)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
@@ -184,13 +190,7 @@ def test_block_terms_ignore_later_blocks():
 def test_block_ratio_is_one_at_first_inner_step(family):
     model, algo, ctx = _block_setup(family, inner_iterations=2, beta=0.0)
     batch = rl_batch(n_prompts=2, group=3, seed=5)
-    batch["advantages"] = algo.advantages(ctx, batch)
-    stages.prepare(algo, ctx, batch, model, micro_batch_size=2)
-    ctx.norms = algo.normalizers(batch)
-    metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    m = batch["completion_mask"].float()
-    assert metrics["loss"] == pytest.approx((-(m * batch["advantages"][:, None]).sum() / m.sum()).item(), abs=1e-6)
+    _first_update_has_unit_ratio(model, algo, ctx, batch, prepare_micro_batch=2)
 
 
 def test_config_rejects_bad_time_range():

@@ -115,10 +115,10 @@ def train_subprocess(tmp_path, out, algo: str, *overrides, timeout: int = 600):
     """
     import json
     import os
-    import signal
-    import subprocess
     import sys
     from pathlib import Path
+
+    from tests.trainer.helpers import run_to_success
 
     root = Path(__file__).resolve().parents[2]
     site = tmp_path / "site"
@@ -134,13 +134,5 @@ def train_subprocess(tmp_path, out, algo: str, *overrides, timeout: int = 600):
            "train.save_every=0", "reward.name=traj_sevens", "reward.workers=0",
            "data.dataset={name: sudoku, template: compact, limit: 16, shuffle_seed: 0}",
            "model.tiny_sizes={hidden_size: 32, num_layers: 1}", *overrides]
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # own session: a hung run is killed with its torchrun workers
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    run_to_success(cmd, env, timeout)
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -1,4 +1,7 @@
 """Recipes for trainer tests: tiny models, few steps, no progress bar or TensorBoard."""
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 from dare.config.recipe import load_recipe
@@ -6,6 +9,21 @@ from dare.config.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[2]
 TOY_SFT = ROOT / "tests/assets/data/toy_sft.jsonl"
 TOY_PREF = ROOT / "tests/assets/data/toy_pref.jsonl"
+
+
+def run_to_success(cmd, env, timeout):
+    """Run ``cmd`` from the repository root in a session of its own, so a hung run is killed together with its
+    torchrun workers; assert it exits 0 (showing the end of stderr otherwise) and return its stderr."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    return err
 
 
 def sft_recipe(tmp_path, *overrides, family="llada"):

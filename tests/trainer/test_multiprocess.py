@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.trainer.helpers import ROOT, TOY_SFT
+from tests.trainer.helpers import ROOT, TOY_SFT, run_to_success
 
 COMMON = ["logging.progress=false", "logging.tensorboard=false", "train.export=false"]
 
@@ -20,16 +20,7 @@ def _env():
 def _train(out, *overrides, recipe="recipes/sft_tiny.yaml", timeout=300):
     data = [f"data.pairs={TOY_SFT}"] if "sft" in recipe else []
     cmd = [sys.executable, "-m", "dare.cli", "train", recipe, *COMMON, *data, f"train.output_dir={out}", *overrides]
-    # Own session, so a hung run is killed with all its torchrun workers.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    run_to_success(cmd, _env(), timeout)
     return _metrics(out)
 
 
