@@ -46,6 +46,28 @@ def test_complementary_masks_are_disjoint_and_cover_the_completion():
     assert torch.allclose(w2[m2 & cmask], (0.5 / (1 - t[:, None])).expand_as(w2)[m2 & cmask])
 
 
+def test_group_shared_t_cancels_the_weight_scaled_common_direction():
+    """t_sharing=group: one t per group, fresh masks per sample, so sum_i A_i w_i = 0 within every group."""
+    model, algo, ctx = _setup(t_sharing="group")
+    batch = rl_batch(n_prompts=3, group=4, gen_len=12)
+    _, v1, v2 = algo.corrupt(ctx, batch, 0)
+    t, group = v1.info["t"], batch["group"]
+    for g in group.unique():
+        assert len(set(t[group == g].tolist())) == 1
+    assert len(set(t.tolist())) == 3  # fresh across groups
+    masks = v1.info["v1"]
+    assert len({tuple(m.tolist()) for m in masks}) == batch.size  # masks stay per sample
+    batch["rewards"] = torch.arange(batch.size, dtype=torch.float32) % 3
+    adv = algo.advantages(ctx, batch)
+    w = 1.0 / t
+    for g in group.unique():
+        assert abs((adv[group == g] * w[group == g]).sum().item()) < 1e-5
+    _, v1b, _ = algo.corrupt(StepContext(step=3, seed=7, adapter=model.adapter), batch, 0)
+    assert not torch.equal(v1b.info["t"], t)  # a new step draws new levels
+    _, per_sample, _ = _setup()[1].corrupt(ctx, batch, 0)
+    assert len(set(per_sample.info["t"].tolist())) == batch.size  # default: one t per sample
+
+
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_estimate_at_half_is_half_of_full_view_plus_twice_the_coupled_view(family):
     model, algo, ctx = _setup(family, t_min=0.5, t_max=0.5)

@@ -30,6 +30,24 @@ def test_shipped_checkpoint_loads_and_names_its_recipe():
     assert size < 8 * 2**20, f"shipped quickstart assets are {size / 2**20:.1f} MiB"
 
 
+def test_shipped_block_checkpoint_names_recipes_that_decode_in_its_block_size():
+    """The tiny SDAR checkpoint (block-only methods in `dare compare`): its RL and compare recipes decode in blocks of
+    the size it was trained with, and its baseline is what the manifest says it is measured with."""
+    from dare.config.recipe import load_recipe
+    from dare.models import load_model
+
+    ck = get_checkpoint("sudoku-sdar-sft")
+    assert ck.family == "sdar" and ck.attention == "block_causal" and ck.sft_metrics.exists()
+    model = load_model(str(ck.path))
+    assert model.adapter.is_block_causal and sum(p.numel() for p in model.parameters()) < 2_000_000
+    block = json.loads((ck.path / "config.json").read_text())["block_size"]
+    for key in ("rl_recipe", "compare_recipe"):
+        recipe = load_recipe(RECIPE_DIR / ck.info[key])
+        assert Path(recipe.model.path).name == ck.name
+        assert recipe.rollout.sampler.block_length == block and recipe.eval.sampler.block_length == block
+    assert load_recipe(RECIPE_DIR / ck.sft_recipe).model.path == "tiny:sdar"
+
+
 def test_unknown_checkpoint_and_bad_override_fail_before_work(tmp_path):
     from dare.quickstart.pipeline import QuickstartOptions, run_quickstart
 
@@ -80,6 +98,21 @@ def test_short_quickstart_writes_the_run_folder(tmp_path):
     assert any("run folder" in l for l in lines)
     with pytest.raises(ValueError, match="already holds"):
         run_quickstart(QuickstartOptions(output_dir=str(run)), echo=lambda *a, **k: None)
+
+
+@pytest.mark.slow
+def test_short_quickstart_from_the_block_checkpoint_uses_its_recipe(tmp_path):
+    from dare.quickstart.pipeline import QuickstartOptions, run_quickstart
+
+    run = tmp_path / "qs"
+    summary = run_quickstart(QuickstartOptions(output_dir=str(run), checkpoint="sudoku-sdar-sft", rl_steps=2,
+                                               eval_limit=16, progress=False, rl_overrides=["train.batch_size=2"]),
+                             echo=lambda *a, **k: None)
+    assert summary["eval"]["sampler"]["block_length"] == 4
+    rows = [json.loads(l) for l in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["reward_mean"] > 0.3 for r in rows)
+    assert summary["before"]["sudoku"]["mean_score"] > 0.5  # the block model solves most cells already
+    assert (run / "rl" / "export" / "model.safetensors").exists() and (run / "quickstart.png").exists()
 
 
 @pytest.mark.slow

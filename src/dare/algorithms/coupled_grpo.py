@@ -12,7 +12,7 @@ Without v0 it is ``1/2 logp_k(v_k) / w_k`` (the pair average of the two 1/t-weig
 keeps the weight it has in the reference). Three forwards per iteration (two without v0); the prompt is never
 masked. Masks come from ``ctx.generator(iteration, uid)``: old, reference and current policies score identical
 inputs, each sample gets its own t (the reference draws one t per call and, in the original DARE port, reseeds a
-fixed 42 on every call -- neither is done here).
+fixed 42 on every call -- neither is done here; ``t_sharing="group"`` shares t within a GRPO group instead).
 
 Loss: token-level clipped GRPO (eps 0.5 both sides) + beta 0.01 KL3 to the reference, leave-one-out advantages
 ``A_i = r_i - mean_{j != i} r_j = G/(G-1)(r_i - mean)`` without std scaling, token mean over the whole step.
@@ -26,7 +26,7 @@ token is still scored exactly once between v1 and v2 with its 1/t or 1/(1-t) wei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -48,6 +48,11 @@ class CoupledGRPOConfig(GRPOConfig):
     t_min: float = 0.2
     t_max: float = 0.8
     full_mask_view: bool = True  # the reference code's extra all-masked view (d1 estimate averaged in)
+    # "sample" (default): every sample draws its own t. "group": one t per GRPO group, fresh per step and
+    # iteration (the reference draws one t per call); the 1/t weights are then equal within a group, so the
+    # zero-sum advantages cancel the weight-scaled "raise every sample's likelihood" direction exactly. Masks stay
+    # per sample either way. On the tiny Sudoku model the gradient noise was the same with both (docs/quickstart.md).
+    t_sharing: Literal["sample", "group"] = "sample"
 
     def __post_init__(self):
         super().__post_init__()
@@ -56,15 +61,18 @@ class CoupledGRPOConfig(GRPOConfig):
                              f"got t_min={self.t_min}, t_max={self.t_max}")
 
 
-def coupled_masks(ctx: StepContext, batch: Batch, iteration: int, t_min: float, t_max: float):
-    """(v1 mask bool ``[B, Lc]``, t ``[B]``): v1 = ``R < t``; its complement is v2. Keyed per (iteration, uid)."""
+def coupled_masks(ctx: StepContext, batch: Batch, iteration: int, t_min: float, t_max: float,
+                  t_sharing: str = "sample"):
+    """(v1 mask bool ``[B, Lc]``, t ``[B]``): v1 = ``R < t``; its complement is v2. R is keyed per (iteration, uid);
+    t per (iteration, uid) or, with ``t_sharing="group"``, per (iteration, group)."""
     comp = batch["completion_ids"]
     B, Lc = comp.shape
     v1 = torch.zeros(B, Lc, dtype=torch.bool)
     t = torch.zeros(B)
-    for i, uid in enumerate(batch["uid"].tolist()):
+    for i, (uid, group) in enumerate(zip(batch["uid"].tolist(), batch["group"].tolist())):
         g = ctx.generator(iteration, uid, 0)
-        t[i] = t_min + (t_max - t_min) * torch.rand((), generator=g, dtype=torch.float64).item()
+        t_gen = ctx.generator(iteration, group, 1) if t_sharing == "group" else g
+        t[i] = t_min + (t_max - t_min) * torch.rand((), generator=t_gen, dtype=torch.float64).item()
         v1[i] = torch.rand(Lc, generator=g, dtype=torch.float64) < t[i].item()
     return v1.to(comp.device), t.to(comp.device)
 
@@ -85,7 +93,7 @@ class CoupledGRPO(GRPOAlgorithm):
         cfg = self.config
         mask_id = ctx.adapter.mask_token_id
         comp, scored = batch["completion_ids"], batch["completion_mask"].bool()
-        v1, t = coupled_masks(ctx, batch, iteration, cfg.t_min, cfg.t_max)
+        v1, t = coupled_masks(ctx, batch, iteration, cfg.t_min, cfg.t_max, cfg.t_sharing)
         v2 = ~v1
         info = {"t": t, "v1": v1}
         views = []

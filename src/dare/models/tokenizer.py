@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -37,11 +38,14 @@ def load_tokenizer(path_or_id, mask_token: Optional[str] = None):
     cls_name = STOCK_TOKENIZER_FOR.get(cfg.get("tokenizer_class", ""))
     if cls_name is None:
         # AutoTokenizer also parses config.json with the base config class, which warns that our model_type is
-        # not one transformers knows; the tokenizer does not depend on it, so keep the warning out of users' logs.
+        # not one transformers knows (and, for published configs with ``rope_scaling``, that the key is
+        # deprecated); the tokenizer depends on neither, so keep both warnings out of users' logs.
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*rope_scaling.*deprecated", category=FutureWarning)
+                tok = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
         except ValueError as e:  # a custom class we do not know: fall back on the files that are there
             if (folder / "tokenizer.json").exists():
                 cls_name = "PreTrainedTokenizerFast"
