@@ -30,9 +30,9 @@ def test_shipped_checkpoint_loads_and_names_its_recipe():
     assert size < 8 * 2**20, f"shipped quickstart assets are {size / 2**20:.1f} MiB"
 
 
-def test_shipped_block_checkpoint_names_recipes_that_decode_in_its_block_size():
-    """The tiny SDAR checkpoint (block-only methods in `dare compare`): its RL and compare recipes decode in blocks of
-    the size it was trained with, and its baseline is what the manifest says it is measured with."""
+def test_shipped_block_checkpoint_runs_the_shared_recipes_in_its_block_size():
+    """The tiny SDAR checkpoint (block-only methods in `dare compare`) was trained by sft.yaml with its manifest's
+    overrides, and its RL and comparison runs use the shared recipes, decoding in blocks of its training size."""
     from dare.config.recipe import load_recipe
     from dare.models import load_model
 
@@ -41,11 +41,11 @@ def test_shipped_block_checkpoint_names_recipes_that_decode_in_its_block_size():
     model = load_model(str(ck.path))
     assert model.adapter.is_block_causal and sum(p.numel() for p in model.parameters()) < 2_000_000
     block = json.loads((ck.path / "config.json").read_text())["block_size"]
-    for key in ("rl_recipe", "compare_recipe"):
-        recipe = load_recipe(RECIPE_DIR / ck.info[key])
-        assert Path(recipe.model.path).name == ck.name
+    for name in ("rl.yaml", "compare.yaml"):
+        recipe = load_recipe(RECIPE_DIR / name, list(ck.recipe_overrides))
         assert recipe.rollout.sampler.block_length == block and recipe.eval.sampler.block_length == block
-    assert load_recipe(RECIPE_DIR / ck.sft_recipe).model.path == "tiny:sdar"
+    assert load_recipe(RECIPE_DIR / ck.sft_recipe, list(ck.sft_overrides)).model.path == "tiny:sdar"
+    assert get_checkpoint("sudoku-llada-sft").recipe_overrides == ()  # LLaDA runs the recipes as written
 
 
 def test_unknown_checkpoint_and_bad_override_fail_before_work(tmp_path):

@@ -5,8 +5,8 @@
 * ``recipes/*.yaml``: the quickstart and comparison recipes (identical copies of ``recipes/quickstart/*.yaml``,
   which is where users read them; a test keeps the two in sync). Packaged so a pip-installed dare runs offline.
 * one folder per shipped checkpoint (e.g. ``sudoku-llada-sft``) in the family's published layout
-  (``model.save_pretrained``) + the tokenizer, with ``quickstart.json`` (which recipe produced it, the family,
-  its baseline numbers) and ``sft_metrics.jsonl`` (the SFT loss curve, drawn in the quickstart PNG).
+  (``model.save_pretrained``) + the tokenizer, with ``quickstart.json`` (which recipe and overrides produced it, the
+  family, the overrides its RL and comparison runs need, its baseline numbers) and ``sft_metrics.jsonl`` (the SFT loss curve, drawn in the quickstart PNG).
 
 Checkpoints are discovered from their ``quickstart.json``, never listed in code, so adding a family to the
 comparison is adding a folder.
@@ -31,6 +31,9 @@ class ShippedCheckpoint:
     attention: str  # bidirectional | block_causal (what algorithms' ``supports`` lists)
     sft_recipe: str  # recipe file name in RECIPE_DIR that reproduces this checkpoint
     sft_overrides: tuple[str, ...]  # the dotted overrides it was trained with (on top of the recipe)
+    # dotted overrides of the shared RL and comparison recipes for this checkpoint (e.g. the SDAR one decodes in
+    # blocks of 4, its training block size), so every family runs the same settings otherwise
+    recipe_overrides: tuple[str, ...]
     info: dict  # the rest of the manifest (baseline numbers, training time, ...)
 
     @property
@@ -56,9 +59,10 @@ def _load(folder: Path) -> ShippedCheckpoint:
     missing = [k for k in ("family", "attention", "sft_recipe") if k not in data]
     if missing:
         raise ValueError(f"{manifest}: missing key(s) {missing}")
-    info = {k: v for k, v in data.items() if k not in ("family", "attention", "sft_recipe", "sft_overrides")}
+    own = ("family", "attention", "sft_recipe", "sft_overrides", "recipe_overrides")
+    info = {k: v for k, v in data.items() if k not in own}
     return ShippedCheckpoint(folder.name, folder, data["family"], data["attention"], data["sft_recipe"],
-                             tuple(data.get("sft_overrides", [])), info)
+                             tuple(data.get("sft_overrides", [])), tuple(data.get("recipe_overrides", [])), info)
 
 
 def shipped_checkpoints(root: Optional[Path] = None) -> dict[str, ShippedCheckpoint]:

@@ -2,8 +2,8 @@
 
 For each shipped SFT checkpoint (one per family: a tiny LLaDA and a tiny SDAR, both SFT'd on 4x4 Sudoku) the
 comparison evaluates the SFT baseline once, then runs every registered RL algorithm whose ``supports`` lists the
-checkpoint's attention kind, for ``seeds`` seeds, with the same recipe (the checkpoint's ``compare_recipe``:
-same prompts, rollout sampler, group size, reward, optimizer, steps and held-out evaluation); only
+checkpoint's attention kind, for ``seeds`` seeds, with the same recipe (the checkpoint's ``compare_recipe``, default
+``compare.yaml``, plus its manifest's ``recipe_overrides``, e.g. SDAR's decoding block length: same prompts, rollout sampler, group size, reward, optimizer, steps and held-out evaluation); only
 ``algorithm.name`` changes, so every method runs with its own (paper) defaults. Algorithms come from the registry
 (``dare.algorithms.ALGORITHMS``, ``uses_rollout``), never from a list of names, so a newly registered method is
 picked up by rerunning the command; finished runs are reused (``summary.json`` per run), only new ones run.
@@ -123,7 +123,7 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
     try:
         for ck, names in todo:
             rpath = recipe_path(ck.info.get("compare_recipe", "compare.yaml"))
-            base_ov = [f"model.path={ck.path}"] + common
+            base_ov = [f"model.path={ck.path}"] + list(ck.recipe_overrides) + common
             if opts.steps is not None:
                 base_ov.append(f"train.steps={opts.steps}")
             if opts.eval_limit is not None:

@@ -41,7 +41,7 @@ class QuickstartOptions:
     eval_limit: Optional[int] = None  # held-out puzzles (default: the RL recipe's eval.limit)
     rl_overrides: list[str] = field(default_factory=list)  # dotted overrides of the RL recipe
     sft_overrides: list[str] = field(default_factory=list)  # dotted overrides of the SFT recipe
-    rl_recipe: Optional[str] = None  # default: the checkpoint's (manifest "rl_recipe"), else the packaged rl.yaml
+    rl_recipe: Optional[str] = None  # default: the packaged rl.yaml
     sft_recipe: Optional[str] = None  # default: the shipped checkpoint's SFT recipe
     threads: Optional[int] = None  # torch intra-op threads (default: PyTorch's choice)
     progress: bool = True
@@ -85,13 +85,13 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
         raise ValueError(f"{run} already holds a finished quickstart run; choose another --output-dir")
     run.mkdir(parents=True, exist_ok=True)
     shipped = get_checkpoint(opts.checkpoint)
-    # A checkpoint's manifest may name its own RL recipe (the SDAR one decodes in blocks of 4, its training size).
-    rl_path = Path(opts.rl_recipe) if opts.rl_recipe else recipe_path(shipped.info.get("rl_recipe", "rl.yaml"))
+    rl_path = Path(opts.rl_recipe) if opts.rl_recipe else recipe_path("rl.yaml")
     sft_path = Path(opts.sft_recipe) if opts.sft_recipe else recipe_path(shipped.sft_recipe)
     seed_ov = [f"train.seed={opts.seed}"]
 
     # Resolve the RL recipe first so a bad override fails before any work starts.
-    rl_ov = [f"train.output_dir={run / 'rl'}"] + seed_ov + list(opts.rl_overrides)
+    # The checkpoint's own overrides (e.g. its decoding block length) come first, so --set can still change them.
+    rl_ov = list(shipped.recipe_overrides) + [f"train.output_dir={run / 'rl'}"] + seed_ov + list(opts.rl_overrides)
     if opts.rl_steps is not None:
         rl_ov.append(f"train.steps={opts.rl_steps}")
     if opts.eval_limit is not None:
