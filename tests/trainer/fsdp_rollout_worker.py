@@ -35,6 +35,9 @@ def main(gathered: bool) -> None:  # gathered=False reproduces the failure (hang
     # Training still works after the phase (parameters resharded, collectives back in every forward).
     model(torch.tensor([prompts[0]])).logits.float().pow(2).mean().backward()
     print(f"rank {rank} nfe {out.nfe}", flush=True)
+    # Meet before tearing gloo down, as DistEnv.close(sync=True) does after a finished run: a rank destroying its
+    # pairs while the peer still talks aborts the peer ("terminate called without an active exception", seen in CI).
+    dist.barrier()
     dist.destroy_process_group()
 
 
