@@ -31,6 +31,7 @@ import torch
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .espo import elbo_view, random_subset, sequence_loglik, stratified_counts, view_sequence_logp
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clip_ratio_loss, kl_penalty
+from .paper import PaperSettings
 
 EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch inf * 0 would be NaN in backward)
 
@@ -66,6 +67,9 @@ def bgpo_bound(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
 class BGPO(GRPOAlgorithm):
     """Per-MC-sample length-normalised ELBO; linear (A >= 0) / Jensen (A < 0) lower bound of the ELBO ratio."""
     name = "bgpo"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=1.0, temperature=1.0,
+        source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = BGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

@@ -37,6 +37,7 @@ from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty
 from .views import prompt_completion_view
+from .paper import PaperSettings
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -184,6 +185,10 @@ class ESPOConfig(GRPOConfig):
 class ESPO(SequenceRatioAlgorithm):
     """Sequence ELBO (block NELBO on block models), stratified counts + complement pass; sequence-level ratio exp(dB/L)."""
     name = "espo"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=0.2, temperature=1.0, lora=True,
+        source="ML-GSAI/ESPO recipes/train.yaml (lr, max_grad_norm, generation_temperature); recipes/run_sudoku_llada.sh (--learning_rate 3e-6, NUM_ITER=8, --beta 1e-2, --max_grad_norm 0.2, --use_peft true)",
+        per_task={"sudoku": {"lr": 3e-6, "algorithm": {"inner_iterations": 8, "beta": 1e-2}}})
     config_class = ESPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
