@@ -7,12 +7,15 @@ own hooks (estimator and/or loss) and returns the loss and the leaves; both must
 """
 from __future__ import annotations
 
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
 from dare.algorithms import Batch, LogLik, StepContext, build_algorithm, get_algorithm
-from tests.algorithms import parity_io
-from tests.algorithms.parity_io import TableModel, case_paths, completion_hidden, load_case, stub_adapter
+from tests.algorithms.parity_io import TableModel, case_paths, completion_hidden, embed_logp, load_case, stub_adapter
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 RUNNERS = {}
@@ -45,13 +48,16 @@ def rl_batch(x: dict, **extra) -> Batch:
     return batch
 
 
-def context(algo, batch: Batch, adapter=None) -> StepContext:
-    """A step context with the batch's global normalisers (one micro-batch, one rank)."""
-    ctx = StepContext(step=0, seed=0, adapter=adapter or stub_adapter())
+def prepared(algo, batch: Batch, block_size=None):
+    """(step context with the batch's global normalisers, dare's views): the loop's order for one micro-batch on one
+    rank -- advantages (when the case gives rewards), ``corrupt``, normalisers."""
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter(block_size))
     if "advantages" not in batch:
         batch["advantages"] = algo.advantages(ctx, batch)
+    views = algo.corrupt(ctx, batch, 0)
+    batch["views"] = {0: views}
     ctx.norms = algo.normalizers(batch)
-    return ctx
+    return ctx, views
 
 
 def leaf(x: dict, name: str) -> torch.Tensor:
@@ -65,19 +71,24 @@ def leaf(x: dict, name: str) -> torch.Tensor:
 
 @runner("token_grpo")
 def token_grpo(algo, x, monkeypatch):
-    """The shared token-level clipped GRPO loss on given per-token log-probs (d1)."""
+    """A loss on given per-token log-probs (d1's clipped GRPO; wd1's advantage weights and loss)."""
     batch = rl_batch(x)
-    ctx = context(algo, batch)
+    ctx, _ = prepared(algo, batch)
     logp = leaf(x, "logp")
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
 
-def estimator_and_loss(algo, x, batch, ctx, hidden: list[torch.Tensor], leaves: dict):
-    """dare's views (``corrupt``, masks substituted by the test), its estimator on the reference's logits, its loss."""
-    views = algo.corrupt(ctx, batch, 0)
+def estimator_and_loss(algo, batch: Batch, leaves: dict, hidden: list[torch.Tensor]):
+    """dare's views (``corrupt``, with the reference's masks substituted), its estimator scoring the reference's
+    logits of each view (``TableModel``), and its loss."""
+    ctx, views = prepared(algo, batch)
     assert len(views) == len(hidden), f"dare builds {len(views)} views, the reference scored {len(hidden)}"
     current = algo.log_likelihood(ctx, TableModel(hidden), batch, views)
     return algo.loss(ctx, batch, current, 0)[0], leaves
+
+
+def _hidden(x: dict, per_view: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [completion_hidden(v, x["prompt_ids"].shape[1], x["completion_ids"]) for v in per_view]
 
 
 @runner("coupled_grpo")
@@ -85,12 +96,8 @@ def coupled_grpo(algo, x, monkeypatch):
     """Coupled-GRPO's views (the reference's t and v1 mask), view combination and loss."""
     from dare.algorithms import coupled_grpo as module
     monkeypatch.setattr(module, "coupled_masks", lambda *a, **k: (x["v1"], x["t"]))
-    batch = rl_batch(x)
-    ctx = context(algo, batch)
-    views = leaf(x, "logp_views")
-    P = x["prompt_ids"].shape[1]
-    hidden = [completion_hidden(views[v], P, x["completion_ids"]) for v in range(3)]
-    return estimator_and_loss(algo, x, batch, ctx, hidden, {"logp_views": views})
+    views = leaf(x, "logp_views")  # all masked, t, 1 - t
+    return estimator_and_loss(algo, rl_batch(x), {"logp_views": views}, _hidden(x, list(views)))
 
 
 @runner("spg")
@@ -101,12 +108,8 @@ def spg(algo, x, monkeypatch):
     none = torch.full((x["completion_ids"].shape[0],), -1)
     monkeypatch.setattr(module, "spg_masks", lambda *a, **k: [(x["prompt_masked"][j], x["completion_masked"][j], none)
                                                              for j in range(J)])
-    batch = rl_batch(x)
-    ctx = context(algo, batch)
     draws = leaf(x, "logp_draws")
-    P = x["prompt_ids"].shape[1]
-    hidden = [completion_hidden(draws[j], P, x["completion_ids"]) for j in range(J)]
-    return estimator_and_loss(algo, x, batch, ctx, hidden, {"logp_draws": draws})
+    return estimator_and_loss(algo, rl_batch(x), {"logp_draws": draws}, _hidden(x, list(draws)))
 
 
 @runner("espo")
@@ -114,24 +117,15 @@ def espo(algo, x, monkeypatch):
     """ESPO's MC masks (the reference's), main + complement ELBO and sequence-level loss."""
     from dare.algorithms import espo as module
     monkeypatch.setattr(module, "stratified_masks", lambda *a, **k: (x["main_masked"], x["counts"]))
-    batch = rl_batch(x)
-    ctx = context(algo, batch)
-    passes = leaf(x, "logp_passes")
-    P = x["prompt_ids"].shape[1]
-    hidden = [completion_hidden(passes[j, h], P, x["completion_ids"]) for j in range(passes.shape[0]) for h in (0, 1)]
-    return estimator_and_loss(algo, x, batch, ctx, hidden, {"logp_passes": passes})
+    passes = leaf(x, "logp_passes")  # [MC sample, main / complement, B, Lc]: dare's view order
+    return estimator_and_loss(algo, rl_batch(x), {"logp_passes": passes}, _hidden(x, list(passes.flatten(0, 1))))
 
 
 @runner("replay")
 def replay(algo, x, monkeypatch):
     """Trajectory replay (CJ-GRPO, TraceRL, DiRL): dare's replay plan of the step map, its token weights and loss."""
-    block = int(x["block_size"]) if "block_size" in x else None
     batch = rl_batch(x, step_map=x["step_map"])
-    ctx = StepContext(step=0, seed=0, adapter=stub_adapter(block))
-    if "advantages" not in batch:
-        batch["advantages"] = algo.advantages(ctx, batch)
-    algo.corrupt(ctx, batch, 0)
-    ctx.norms = algo.normalizers(batch)
+    ctx, _ = prepared(algo, batch, int(x["block_size"]) if "block_size" in x else None)
     logp = leaf(x, "logp")
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
@@ -143,13 +137,10 @@ def mdpo(algo, x, monkeypatch):
     trajectory = {"states": x["states"], "x0": x["x0"], "confidence": x["confidence"],
                   "valid": torch.ones(B, S, dtype=torch.bool)}
     batch = rl_batch(x, trajectory=trajectory, step_rewards=x["step_rewards"])
-    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
-    batch["advantages"] = algo.advantages(ctx, batch)
-    batch["views"] = {0: algo.corrupt(ctx, batch, 0)}
-    steps = batch.meta["mdpo_steps"]
+    ctx, _ = prepared(algo, batch)
+    steps = batch.meta["mdpo_steps"]  # dare's choice; each slot scores one step
     logp = leaf(x, "logp_steps")
     batch["ref_logp"] = {0: torch.cat([x["ref_logp"][s] for s in steps], dim=1)}
-    ctx.norms = algo.normalizers(batch)
     current = LogLik(torch.cat([logp[s] for s in steps], dim=1))
     return algo.loss(ctx, batch, current, 0)[0], {"logp_steps": logp}
 
@@ -179,3 +170,58 @@ def test_loss_and_gradient_match_the_reference(path, monkeypatch, request):
     for name, value in leaves.items():
         assert value.grad is not None, f"dare's loss does not depend on {name}"
         torch.testing.assert_close(value.grad.double(), expected["grad"][name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The harness itself (runs without the reference checkouts)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_embedded_logits_give_back_the_log_probs_and_their_gradient():
+    logp = torch.tensor([[-0.1, -2.0, -4.0], [-1.0, -0.5, -0.02]], dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[4, 5, 1], [15, 7, 2]])
+    got = torch.log_softmax(embed_logp(logp, labels), -1).gather(-1, labels[..., None]).squeeze(-1)
+    torch.testing.assert_close(got, logp.detach(), rtol=0, atol=1e-12)
+    weight = torch.arange(6, dtype=torch.float64).view(2, 3)
+    (got * weight).sum().backward()
+    torch.testing.assert_close(logp.grad, weight, rtol=0, atol=1e-12)  # d log_softmax[label] / d leaf = 1
+    with pytest.raises(ValueError, match="reserved"):
+        embed_logp(logp.detach(), torch.zeros_like(labels))
+
+
+def test_reference_loader_runs_the_file_with_inert_framework_imports(tmp_path):
+    scripts = str(Path(__file__).resolve().parents[2] / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        import loss_parity_lib as lib
+    finally:
+        sys.path.remove(scripts)
+    src = tmp_path / "reference_trainer.py"
+    src.write_text(textwrap.dedent("""
+        import torch
+        from parity_fake_framework.trainer import BaseTrainer, profiled
+        from parity_fake_framework.utils import extra_available, OutputRecord
+        from .sibling_module import helper
+        if extra_available():
+            raise RuntimeError("availability guards must read False")
+
+        class MyTrainer(BaseTrainer):
+            @profiled
+            def compute_loss(self, x):
+                self.metrics["train"]["loss"].append(x.sum().item())  # never set: an inert stub
+                return OutputRecord(loss=(x * self.scale).sum()).loss
+
+        def main():
+            scale = 3.0
+
+            @torch.no_grad()
+            def inner(y):
+                return y * scale
+            return inner
+    """))
+    module = lib.load_reference(src, "unit_test_reference")
+    trainer = lib.trainer(module.MyTrainer, scale=2.0)
+    assert trainer.compute_loss(torch.ones(3)).item() == 6.0
+    assert lib.nested_function(src, "inner", torch=torch, scale=5.0)(torch.tensor(2.0)).item() == 10.0
+    with pytest.raises(ValueError, match="expected one function"):
+        lib.nested_function(src, "missing")
