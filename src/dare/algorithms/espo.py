@@ -67,6 +67,24 @@ def random_subset(positions: torch.Tensor, count: int, gen: torch.Generator) -> 
     return positions[torch.randperm(positions.numel(), generator=gen)[:count]]
 
 
+def stratified_masks(ctx: StepContext, batch: Batch, iteration: int, n: int, low: int):
+    """(masked ``[n, B, Lc]`` bool, counts ``[n, B]`` long): MC sample j of row i masks ``counts[j, i]`` random valid
+    completion positions, the counts stratified over the n samples (``stratified_counts``; ESPO ``low=0``, BGPO
+    ``low=1``), all drawn from ``ctx.generator(iteration, uid, 0)``."""
+    valid = batch["completion_mask"].bool().cpu()
+    B, Lc = valid.shape
+    masked = torch.zeros(n, B, Lc, dtype=torch.bool)
+    counts = torch.zeros(n, B, dtype=torch.long)
+    for i, uid in enumerate(batch["uid"].tolist()):
+        g = ctx.generator(iteration, uid, 0)
+        pos = torch.nonzero(valid[i]).flatten()
+        counts[:, i] = stratified_counts(g, pos.numel(), n, low=low)
+        for j in range(n):
+            masked[j, i, random_subset(pos, int(counts[j, i]), g)] = True
+    dev = batch["completion_ids"].device
+    return masked.to(dev), counts.to(dev)
+
+
 def elbo_view(ctx: StepContext, batch: Batch, masked: torch.Tensor, weight: torch.Tensor, slot: int,
               info: Optional[dict] = None) -> View:
     """One ELBO forward of an RL batch: completion positions ``masked`` (and every post-EOS position) replaced by the
@@ -199,19 +217,10 @@ class ESPO(SequenceRatioAlgorithm):
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
         cfg = self.config
-        valid = batch["completion_mask"].bool().cpu()
-        B, Lc = valid.shape
         n = cfg.num_mc
-        main = torch.zeros(n, B, Lc, dtype=torch.bool)
-        counts = torch.zeros(n, B, dtype=torch.long)
-        for i, uid in enumerate(batch["uid"].tolist()):
-            g = ctx.generator(iteration, uid, 0)
-            pos = torch.nonzero(valid[i]).flatten()
-            counts[:, i] = stratified_counts(g, pos.numel(), n, low=0)
-            for j in range(n):
-                main[j, i, random_subset(pos, int(counts[j, i]), g)] = True
-        dev = batch["completion_ids"].device
-        main, counts, valid = main.to(dev), counts.to(dev), valid.to(dev)
+        main, counts = stratified_masks(ctx, batch, iteration, n, low=0)
+        valid = batch["completion_mask"].bool().to(main.device)
+        B, Lc = valid.shape
         lengths = valid.sum(-1)
         half = 0.5 if cfg.antithetic else 1.0
         views = []
