@@ -41,3 +41,14 @@ def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
 def test_a_method_without_paper_settings_is_an_error():
     with pytest.raises(ValueError, match="declares no paper settings"):
         paper_overrides(get_algorithm("sft"), get_algorithm("d1"), 1e-4, None)
+
+
+@pytest.mark.parametrize("name", list(_rl()))
+def test_the_method_doc_states_its_paper_settings(name):
+    """docs/algorithms/<name>.md carries the registry's paper settings verbatim, so the two cannot drift apart."""
+    from pathlib import Path
+
+    from dare.algorithms.paper import paper_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "algorithms" / f"{name}.md"
+    assert paper_markdown(get_algorithm(name)) in doc.read_text()

@@ -152,7 +152,7 @@ def test_short_quickstart_writes_the_run_folder(tmp_path):
     run = tmp_path / "qs"
     lines = []
     summary = run_quickstart(QuickstartOptions(output_dir=str(run), rl_steps=4, eval_limit=24, progress=False,
-                                               rl_overrides=["train.batch_size=4"]),
+                                               rl_overrides=["train.batch_size=4"], samples=2, sample_limit=8),
                              echo=lambda *a, **k: lines.append(" ".join(map(str, a))))
     assert (run / "rl" / "export" / "model.safetensors").exists()
     assert (run / "rl" / "export" / "config.json").exists()
@@ -161,7 +161,10 @@ def test_short_quickstart_writes_the_run_folder(tmp_path):
     assert all(r["reward_mean"] > 0.1 for r in rows), "rollout reward collapsed"
     assert (run / "quickstart.png").stat().st_size > 10_000
     table = (run / "results.md").read_text()
-    assert "SFT (baseline)" in table and "coupled_grpo" in table
+    assert "SFT (baseline)" in table and "coupled_grpo" in table and "lazy demonstrator" in table
+    assert "sampled mean reward (k=2)" in table and "pass@2" in table
+    sampled = summary["before"]["sudoku"]["sampled"]
+    assert sampled["k"] == 2 and sampled["n_examples"] == 8 and sampled["best_of_k_mean"] >= sampled["mean_score"]
     before, after = summary["before"]["sudoku"]["mean_score"], summary["after"]["sudoku"]["mean_score"]
     assert before > 0.2, "the shipped SFT checkpoint should already solve part of the held-out puzzles"
     assert after > 0.5 * before, f"held-out reward collapsed: {before} -> {after}"

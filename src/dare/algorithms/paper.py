@@ -48,3 +48,17 @@ def paper_overrides(cls, anchor, base_lr: float, task: Optional[str]) -> list[st
            f"rollout.sampler.temperature={mine['temperature']}"]
     out += [f"algorithm.{k}={v}" for k, v in mine["algorithm"].items()]
     return out
+
+
+def paper_markdown(cls) -> str:
+    """The method doc's paragraph on its paper settings (docs/algorithms/<name>.md holds it verbatim; a test keeps the
+    two equal)."""
+    p = cls.paper
+    clip = "none" if p.grad_clip is None else f"{p.grad_clip:g}"
+    text = (f"**Paper settings** (`{cls.__name__}.paper`, used by `dare compare`): lr {p.lr:g}, grad-norm clip {clip}, "
+            f"rollout temperature {p.temperature:g}{', LoRA' if p.lora else ', full fine-tuning'}.")
+    for task, values in sorted(p.per_task.items()):
+        parts = [f"{k} {v:g}" for k, v in values.items() if k != "algorithm"]
+        parts += [f"`{k}` {v:g}" for k, v in values.get("algorithm", {}).items()]
+        text += f" {task.capitalize()} script: {', '.join(parts)}."
+    return text + f" Source: {p.source}."

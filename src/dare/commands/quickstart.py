@@ -34,6 +34,8 @@ def add_arguments(p):
                    "overhead-bound, and 2 threads on a busy 2-core machine ran up to 33x slower; 0: PyTorch's choice)")
     p.add_argument("--samples", type=int, default=4, help="k completions per held-out puzzle at the rollout "
                    "temperature, before and after RL (mean reward, best-of-k, pass@k); 0: greedy only")
+    p.add_argument("--sample-limit", type=int, default=100, help="... on the first N held-out puzzles (default 100; "
+                   "0: all of them)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -46,6 +48,7 @@ def run(args) -> int:
                              rl_steps=args.rl_steps, sft_steps=args.sft_steps, eval_limit=args.eval_limit,
                              checkpoint=args.checkpoint or DEFAULT_CHECKPOINT, rl_overrides=list(args.rl_set),
                              sft_overrides=list(args.sft_set), rl_recipe=args.rl_recipe, sft_recipe=args.sft_recipe,
-                             threads=args.threads or None, samples=args.samples, progress=not args.no_progress)
+                             threads=args.threads or None, samples=args.samples,
+                             sample_limit=args.sample_limit or None, progress=not args.no_progress)
     run_quickstart(opts)
     return 0

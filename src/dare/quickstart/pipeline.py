@@ -45,6 +45,7 @@ class QuickstartOptions:
     sft_recipe: Optional[str] = None  # default: the shipped checkpoint's SFT recipe
     threads: Optional[int] = 1  # torch intra-op threads (None: PyTorch's choice; 1: see stages.set_threads)
     samples: int = 4  # k completions per held-out puzzle at the rollout temperature (mean, best-of-k, pass@k); 0: off
+    sample_limit: Optional[int] = 100  # ... on the first N held-out puzzles (None: all of eval.limit)
     progress: bool = True
 
 
@@ -111,6 +112,7 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
         import dataclasses
         settings["rollout_sampler"] = dataclasses.asdict(rl_recipe.rollout.sampler)
         settings["samples"] = opts.samples
+        settings["sample_limit"] = opts.sample_limit
     names = (["SFT"] if opts.from_scratch else []) + ["eval SFT", "RL", "eval RL", "report"]
     stages = StageLog(names, echo)
     echo(f"dare quickstart: run folder {run}", flush=True)
@@ -131,7 +133,7 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
         limit = settings["limit"]
         stages.start(f"held-out eval of the SFT model ({', '.join(settings['benchmarks'])}, {limit} examples)")
         before = eval_stage(sft_model, rl_recipe, run / "eval" / "sft", "sft", seed=opts.seed, progress=opts.progress,
-                            samples=opts.samples)
+                            samples=opts.samples, sample_limit=opts.sample_limit)
         stages.done("eval_sft")
 
         algo = rl_recipe.algorithm.name
@@ -143,7 +145,7 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
 
         stages.start("held-out eval of the RL model")
         after = eval_stage(rl.export, rl_recipe, run / "eval" / "rl", "rl", seed=opts.seed, progress=opts.progress,
-                           samples=opts.samples)
+                           samples=opts.samples, sample_limit=opts.sample_limit)
         stages.done("eval_rl")
 
         stages.start("report")

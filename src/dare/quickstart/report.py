@@ -54,9 +54,10 @@ def quickstart_table(rows: list[dict], settings: dict) -> str:
             f"steps, temperature {sampler.get('temperature')}.")
     rs = settings.get("rollout_sampler")
     if sampled and rs:
+        ns = settings.get("sample_limit")
         note += (f" Sampled: the RL rollout's sampler ({rs.get('steps')} steps, temperature {rs.get('temperature')}), "
-                 f"k completions per puzzle; best-of-k = mean over puzzles of the best completion's reward; pass@k = "
-                 f"puzzles with a fully solved completion.")
+                 f"k completions per puzzle on the first {ns if ns is not None else 'all'} puzzles; best-of-k = mean "
+                 f"over puzzles of the best completion's reward; pass@k = puzzles with a fully solved completion.")
     note += " Sudoku reward = fraction of the empty cells filled correctly (d1's verifier); solved = all of them."
     return "\n".join(lines) + "\n\n" + note + "\n"
 
