@@ -153,7 +153,7 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
                 {"model": f"SFT + {algo}", "path": str(rl.export), "results": after}]
         table = quickstart_table(rows, settings)
         (run / "results.md").write_text(results_markdown(shipped, algo, rl_recipe.train.steps, table))
-        png = quickstart_plot(run / "quickstart.png", sft_curve, rl.metrics, rows, title=f"dare quickstart: {algo}")
+        png = quickstart_plot(run / "quickstart.png", sft_curve, rl.metrics, rows, title=f"dare quickstart: {shipped.task} ({shipped.family}), {algo}")
         stages.done("report")
         summary = {"run_dir": str(run), "algorithm": algo, "seed": opts.seed, "from_scratch": opts.from_scratch,
                    "sft_model": str(sft_model), "rl_model": str(rl.export), "before": before, "after": after,

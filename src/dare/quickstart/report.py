@@ -103,13 +103,22 @@ def quickstart_plot(out: Path, sft_metrics: Path, rl_metrics: Path, rows: list[d
     ax = axes[2]
     bench = next(iter(rows[0]["results"])) if rows and rows[0]["results"] else None
     if bench:
-        vals = [r["results"][bench]["mean_score"] for r in rows]
-        bars = ax.bar(range(len(rows)), vals, color=["C0", "C1", "C2", "C3"][:len(rows)])
-        for b, v in zip(bars, vals):
-            ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.3f}", ha="center", va="bottom", fontsize=9)
-        ax.set_xticks(range(len(rows)), [r["model"] for r in rows], fontsize=8)
-        ax.set_ylim(0, max(1.0, max(vals) * 1.15))
-        ax.set_title(f"held-out {bench} mean reward (greedy)")
+        metrics = [("greedy", lambda s: s.get("mean_score"))]
+        if all("sampled" in r["results"][bench] for r in rows):
+            k = rows[0]["results"][bench]["sampled"]["k"]
+            metrics += [(f"sampled (k={k})", lambda s: s["sampled"]["mean_score"]),
+                        (f"best-of-{k}", lambda s: s["sampled"]["best_of_k_mean"])]
+        width = 0.8 / len(rows)
+        for j, r in enumerate(rows):
+            vals = [fn(r["results"][bench]) for _, fn in metrics]
+            xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(metrics))]
+            bars = ax.bar(xs, vals, width=width * 0.95, color=f"C{j}", label=r["model"])
+            for b, v in zip(bars, vals):
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(metrics)), [m for m, _ in metrics], fontsize=8)
+        ax.set_ylim(0, 1.0)
+        ax.legend(loc="upper left", fontsize=7)
+        ax.set_title(f"held-out {bench} mean reward")
     ax.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title, fontsize=11)
