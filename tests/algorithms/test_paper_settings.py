@@ -36,6 +36,9 @@ def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
     # ESPO's Sudoku script uses its own lr (3e-6, not its general 1e-6) and beta 1e-2
     espo = paper_overrides(get_algorithm("espo"), coupled, 1e-4, "sudoku")
     assert "optim.lr=0.0003" in espo and "algorithm.beta=0.01" in espo
+    # the authors' LoRA adapters (r 128, alpha 64) for the methods trained with LoRA; the reference stays a copy
+    assert {"lora.enabled=true", "lora.r=128", "lora.alpha=64", "reference.mode=copy"} <= set(ov)
+    assert not any(o.startswith("lora.") for o in paper_overrides(coupled, coupled, 1e-4, "sudoku"))
 
 
 def test_a_method_without_paper_settings_is_an_error():

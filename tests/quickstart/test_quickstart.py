@@ -104,6 +104,7 @@ def test_compare_matches_updates_and_rollouts_and_uses_paper_settings():
     assert (seen["d1"]["mu"], seen["spg"]["mu"], seen["tracerl"]["mu"], seen["coupled_grpo"]["mu"]) == (8, 4, 1, 2)
     assert seen["d1"]["lr"] == pytest.approx(3 * seen["coupled_grpo"]["lr"])  # 3e-6 vs 1e-6 in the papers
     assert seen["d1"]["temperature"] == 0.3 and seen["d1"]["grad_clip"] == 0.2 and seen["tracerl"]["grad_clip"] == 1.0
+    assert seen["d1"]["lora"] == seen["spg"]["lora"] == 128 and seen["coupled_grpo"]["lora"] is None
     # a user's per-method override wins over the paper's value, and the budget follows it
     _, info = method_settings(rpath, base, "d1", "coupled_grpo", opts, ["algorithm.inner_iterations=4"])
     assert info["mu"] == 4 and info["steps"] == 12
@@ -127,7 +128,7 @@ def test_learning_verdict_and_table():
     res = {"llada": {"baseline": {"sudoku": {"mean_score": 0.4, "accuracy": 0.0}}, "anchor": "coupled_grpo",
                      "runs": {"coupled_grpo": [run(0.6, 0), run(0.62, 1)], "spg": [run(0.41, 0), run(0.39, 1)]}}}
     table = compare_table(res, "sudoku")
-    assert "| coupled_grpo (default) | 2 | 24 x 16 |" in table and "+0.210 | yes |" in table and "+0.000 | no |" in table
+    assert "| coupled_grpo (default) | 2 | 24 x 16 | 0.0001 | 0.2 | 1 | - |" in table and "+0.210 | yes |" in table and "+0.000 | no |" in table
 
 
 def test_compare_plan_follows_the_registry_and_supports():

@@ -141,7 +141,8 @@ def method_settings(rpath, base_ov: list[str], name: str, anchor: str, opts: Com
     ov += [f"train.steps={steps}", f"train.batch_size={prompts}"]
     info = {"mu": mu, "steps": steps, "prompts_per_step": prompts, "updates": updates, "lr": recipe.optim.lr,
             "grad_clip": recipe.optim.grad_clip, "temperature": recipe.rollout.sampler.temperature,
-            "rollouts": steps * prompts * recipe.rollout.group_size, "paper_settings": opts.paper_settings}
+            "rollouts": steps * prompts * recipe.rollout.group_size, "paper_settings": opts.paper_settings,
+            "lora": recipe.lora.r if recipe.lora.enabled else None}
     return ov, info
 
 

@@ -161,12 +161,12 @@ def compare_table(results: dict, bench: str) -> str:
     where a run holds ``after`` ({bench: summary}), ``seed``, ``seconds``, ``settings`` (mu, steps, lr, ...) and
     ``train_reward_first/last``.
     """
-    head = ["model", "method", "mu", "steps x prompts", "lr", "clip", "temp.", f"held-out {bench} mean reward",
+    head = ["model", "method", "mu", "steps x prompts", "lr", "clip", "temp.", "LoRA r", f"held-out {bench} mean reward",
             "change vs SFT", "learns", "solved (%)", "seeds", "train reward first -> last", "min / run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|"]
     for family, res in results.items():
         base = res["baseline"][bench]
-        lines.append(f"| {family} | SFT baseline | | | | | | {base['mean_score']:.3f} | | | {_pct(base['accuracy'])} "
+        lines.append(f"| {family} | SFT baseline | | | | | | | {base['mean_score']:.3f} | | | {_pct(base['accuracy'])} "
                      f"| - | | |")
         anchor_runs = res["runs"].get(res.get("anchor"))
         anchor_gain = _run_gains(anchor_runs, bench, base["mean_score"])[0] if anchor_runs else None
@@ -183,12 +183,13 @@ def compare_table(results: dict, bench: str) -> str:
             cells = [family, algo + (" (default)" if algo == res.get("anchor") else ""), str(st.get("mu", "-")),
                      f"{st['steps']} x {st['prompts_per_step']}" if "steps" in st else str(runs[0].get("steps", "-")),
                      f"{st['lr']:.3g}" if "lr" in st else "-", "-" if clip is None else f"{clip:g}",
-                     f"{st['temperature']:g}" if "temperature" in st else "-", f"{m:.3f} ± {sd:.3f}", f"{delta:+.3f}",
+                     f"{st['temperature']:g}" if "temperature" in st else "-", str(st.get("lora") or "-"),
+                     f"{m:.3f} ± {sd:.3f}", f"{delta:+.3f}",
                      learning_verdict(delta, sd, anchor_gain, len(runs)), _pct(ma), str(len(runs)),
                      f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-", f"{mins:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
         for algo, msg in sorted(res.get("failed", {}).items()):
-            lines.append(f"| {family} | {algo} | | | | | | failed: {msg} | | | | | | |")
+            lines.append(f"| {family} | {algo} | | | | | | | failed: {msg} | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
