@@ -17,6 +17,7 @@ def test_every_rl_method_names_the_source_of_its_paper_settings(name):
     assert isinstance(p, PaperSettings), f"{name} declares no paper settings"
     assert 0 < p.lr < 1e-3 and p.temperature > 0 and (p.grad_clip is None or p.grad_clip > 0)
     assert len(p.source) > 20
+    assert p.embedded_lr_factor == 1.0 or len(p.embedded_note) > 40, "a departure on the embedded task needs its reason"
     fields = get_algorithm(name).config_class.__dataclass_fields__
     for task, values in p.per_task.items():
         assert set(values) <= {"lr", "grad_clip", "temperature", "algorithm"}, (name, task)
