@@ -22,6 +22,11 @@ def test_every_rl_method_names_the_source_of_its_paper_settings(name):
     for task, values in p.per_task.items():
         assert set(values) <= {"lr", "grad_clip", "temperature", "algorithm"}, (name, task)
         assert set(values.get("algorithm", {})) <= set(fields), (name, task)
+    for kind, values in p.per_attention.items():
+        assert kind in get_algorithm(name).supports and set(values) == {"algorithm"}, (name, kind)
+        assert set(values["algorithm"]) <= set(fields), (name, kind)
+    from dare.rollout import SamplerConfig
+    assert set(p.sampler) <= set(SamplerConfig.__dataclass_fields__), name
 
 
 def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
@@ -40,6 +45,16 @@ def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
     # the authors' LoRA adapters (r 128, alpha 64) for the methods trained with LoRA; the reference stays a copy
     assert {"lora.enabled=true", "lora.r=128", "lora.alpha=64", "reference.mode=copy"} <= set(ov)
     assert not any(o.startswith("lora.") for o in paper_overrides(coupled, coupled, 1e-4, "sudoku"))
+
+
+def test_decoding_and_per_attention_values():
+    """CJ-GRPO decodes with its paper's EOSER + ASS; TraceRL shrinks trajectories by 8 on full attention (rl_llada.yaml)
+    and not on block models (rl_sdar.yaml)."""
+    coupled = get_algorithm("coupled_grpo")
+    cj = paper_overrides(get_algorithm("cj_grpo"), coupled, 1e-4, "sudoku", "bidirectional")
+    assert "rollout.sampler.schedule=ass" in cj and "rollout.sampler.eoser=true" in cj
+    assert "algorithm.shrink=8" in paper_overrides(get_algorithm("tracerl"), coupled, 1e-4, "sudoku", "bidirectional")
+    assert "algorithm.shrink=1" in paper_overrides(get_algorithm("tracerl"), coupled, 1e-4, "sudoku", "block_causal")
 
 
 def test_a_method_without_paper_settings_is_an_error():

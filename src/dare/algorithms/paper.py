@@ -22,8 +22,12 @@ class PaperSettings:
     grad_clip: Optional[float]  # max gradient norm (None: none)
     temperature: float  # rollout sampling temperature
     source: str  # where the numbers come from (repository + file)
-    # task -> {"algorithm": {...config fields}, "optim": {...}, "rollout": {...}}: the authors' task scripts
+    # task -> {"lr", "grad_clip", "temperature", "algorithm": {...config fields}}: the authors' task scripts
     per_task: dict = field(default_factory=dict)
+    # attention kind (bidirectional / block_causal) -> {"algorithm": {...}}: settings the authors use per model kind
+    per_attention: dict = field(default_factory=dict)
+    # sampler fields of the authors' decoding that are part of the method (e.g. CJ-GRPO's EOSER + ASS)
+    sampler: dict = field(default_factory=dict)
     # The authors' LoRA adapters ({"r", "alpha"} on every attention and MLP projection; embeddings and LM head frozen),
     # or None for full fine-tuning. Part of the method's stabilisation: without it, on the tiny models, SPG and wd1
     # rewrite the answer format within 20 updates (docs/comparison.md).
@@ -33,27 +37,31 @@ class PaperSettings:
     embedded_lr_factor: float = 1.0
     embedded_note: str = ""
 
-    def for_task(self, task: Optional[str]) -> dict:
-        """``{"lr", "grad_clip", "temperature", "algorithm": {...}}`` for ``task`` (task values win)."""
+    def for_task(self, task: Optional[str], attention: Optional[str] = None) -> dict:
+        """``{"lr", "grad_clip", "temperature", "algorithm": {...}}`` for ``task`` and the model's attention kind
+        (task values win over the general ones; attention values add algorithm fields)."""
         extra = dict(self.per_task.get(task or "", {}))
+        algo = {**self.per_attention.get(attention or "", {}).get("algorithm", {}), **extra.pop("algorithm", {})}
         return {"lr": extra.pop("lr", self.lr), "grad_clip": extra.pop("grad_clip", self.grad_clip),
-                "temperature": extra.pop("temperature", self.temperature), "algorithm": extra.pop("algorithm", {}),
+                "temperature": extra.pop("temperature", self.temperature), "algorithm": algo,
                 **({"unknown": extra} if extra else {})}
 
 
-def paper_overrides(cls, anchor, base_lr: float, task: Optional[str]) -> list[str]:
+def paper_overrides(cls, anchor, base_lr: float, task: Optional[str], attention: Optional[str] = None) -> list[str]:
     """Dotted recipe overrides that give algorithm class ``cls`` its paper's settings relative to ``anchor`` (an
-    algorithm class whose run uses ``base_lr``). Errors when either has no ``paper`` settings."""
+    algorithm class whose run uses ``base_lr``) on ``task`` with a model of ``attention`` kind. Errors when either has
+    no ``paper`` settings."""
     for c in (cls, anchor):
         if getattr(c, "paper", None) is None:
             raise ValueError(f"algorithm {c.name!r} declares no paper settings (class attribute `paper`)")
-    mine, ref = cls.paper.for_task(task), anchor.paper.for_task(task)
+    mine, ref = cls.paper.for_task(task, attention), anchor.paper.for_task(task, attention)
     if "unknown" in mine:
         raise ValueError(f"{cls.name}.paper.per_task[{task!r}]: unknown key(s) {sorted(mine['unknown'])}")
     lr = base_lr * mine["lr"] / ref["lr"] * cls.paper.embedded_lr_factor
     out = [f"optim.lr={lr:.6g}", f"optim.grad_clip={mine['grad_clip'] if mine['grad_clip'] is not None else 'null'}",
            f"rollout.sampler.temperature={mine['temperature']}"]
     out += [f"algorithm.{k}={v}" for k, v in mine["algorithm"].items()]
+    out += [f"rollout.sampler.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in cls.paper.sampler.items()]
     if cls.paper.lora:
         # the reference stays a frozen copy of the starting model (reference syncs need one; lora_disabled would too
         # at the start, but not after a sync)
@@ -70,6 +78,10 @@ def paper_markdown(cls) -> str:
     text = (f"**Paper settings** (`{cls.__name__}.paper`, used by `dare compare`): lr {p.lr:g}, grad-norm clip {clip}, "
             f"rollout temperature {p.temperature:g}, "
             + (f"LoRA r {p.lora['r']}, alpha {p.lora['alpha']:g} on every projection." if p.lora else "full fine-tuning."))
+    if p.sampler:
+        text += " Decoding: " + ", ".join(f"`{k}` {v}" for k, v in p.sampler.items()) + "."
+    for kind, values in sorted(p.per_attention.items()):
+        text += f" On {kind} models: " + ", ".join(f"`{k}` {v:g}" for k, v in values.get("algorithm", {}).items()) + "."
     for task, values in sorted(p.per_task.items()):
         parts = [f"{k} {v:g}" for k, v in values.items() if k != "algorithm"]
         parts += [f"`{k}` {v:g}" for k, v in values.get("algorithm", {}).items()]

@@ -332,7 +332,9 @@ class TraceRL(ReplayAlgorithm):
     name = "tracerl"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
-        source="Gen-Verse/dLLM-RL configs/rl_sdar.yaml (learning_rate, max_grad_norm, temperature); no Sudoku script")
+        per_attention={"bidirectional": {"algorithm": {"shrink": 8}}, "block_causal": {"algorithm": {"shrink": 1}}},
+        source="Gen-Verse/dLLM-RL configs/rl_sdar.yaml (learning_rate, max_grad_norm, temperature, shrink 1); "
+               "configs/rl_llada.yaml (shrink 8); no Sudoku script")
     config_class = TraceRLConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

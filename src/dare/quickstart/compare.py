@@ -113,12 +113,12 @@ def plan(opts: CompareOptions) -> list[tuple]:
 
 
 def method_settings(rpath, base_ov: list[str], name: str, anchor: str, opts: CompareOptions,
-                    user_ov: list[str]) -> tuple[list[str], dict]:
+                    user_ov: list[str], attention: Optional[str] = None) -> tuple[list[str], dict]:
     """The overrides that make ``name``'s run budget-matched (and, with ``opts.paper_settings``, give it its paper's
     relative settings), and a summary of its settings for the table.
 
-    ``base_ov`` are the checkpoint's overrides; ``user_ov`` the user's ``--set name:...`` (applied last, so they win
-    over the paper's values; the budget is computed after them).
+    ``base_ov`` are the checkpoint's overrides, ``attention`` its model's attention kind; ``user_ov`` the user's
+    ``--set name:...`` (applied last, so they win over the paper's values; the budget is computed after them).
     """
     from ..algorithms import build_algorithm, get_algorithm
     from ..algorithms.paper import paper_overrides
@@ -130,7 +130,7 @@ def method_settings(rpath, base_ov: list[str], name: str, anchor: str, opts: Com
     if opts.paper_settings:
         ds = base.data.dataset
         task = DATASETS[ds.name].task if ds is not None and ds.name in DATASETS else None
-        ov += paper_overrides(get_algorithm(name), get_algorithm(anchor), base.optim.lr, task)
+        ov += paper_overrides(get_algorithm(name), get_algorithm(anchor), base.optim.lr, task, attention)
     ov += list(user_ov) + [f"algorithm.name={name}"]
     recipe = load_stage_recipe(rpath, base_ov + ov)
     mu = build_algorithm(recipe.algorithm).inner_iterations
@@ -216,7 +216,8 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
                         eta = f", ETA {fmt_seconds(left)}"
                     echo(f"\n[run {done_runs}/{total}] {ck.family} / {name} / seed {seed}   "
                          f"(elapsed {fmt_seconds(time.perf_counter() - t0)}{eta})", flush=True)
-                    method_ov, settings = method_settings(rpath, base_ov, name, anchor, opts, per_algo.get(name, []))
+                    method_ov, settings = method_settings(rpath, base_ov, name, anchor, opts, per_algo.get(name, []),
+                                                          ck.attention)
                     ov = base_ov + method_ov + [f"train.seed={seed}", f"train.output_dir={run_dir}"]
                     started = time.perf_counter()
                     try:
