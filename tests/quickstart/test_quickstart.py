@@ -21,7 +21,7 @@ def test_shipped_checkpoints_load_and_name_their_recipes():
     from dare.quickstart.pipeline import DEFAULT_CHECKPOINT
 
     cks = shipped_checkpoints()
-    assert {"lazy-sudoku-llada-sft", "sudoku-llada-sft", "sudoku-sdar-sft"} <= set(cks)
+    assert {"lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft", "sudoku-llada-sft", "sudoku-sdar-sft"} <= set(cks)
     default = get_checkpoint(DEFAULT_CHECKPOINT)
     assert default.family == "llada" and default.task == "lazy_sudoku" and "habit" in default.info["task_note"]
     for ck in cks.values():
