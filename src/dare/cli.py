@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:  # config / input errors: one clear line, no traceback
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             raise
-        print(f"dare {args.command}: error: {e}", file=sys.stderr)
+        from .config.core import clip
+        print(f"dare {args.command}: error: {clip(str(e))}", file=sys.stderr)
         return 2
 
 

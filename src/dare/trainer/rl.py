@@ -96,7 +96,11 @@ class RolloutStage:
     def score(self, completions: list[str], examples: list[dict]) -> torch.Tensor:
         from ..rewards import score_batch
         rc = self.recipe.reward
-        results = score_batch(rc.name or "auto", completions, examples, timeout=rc.timeout, workers=rc.workers)
+        results = score_batch(rc.spec, completions, examples, timeout=rc.timeout, workers=rc.workers)
+        if results and all(r.reason is not None and "error:" in r.reason for r in results):
+            # A reward that cannot score any completion (e.g. reward.name=math on sudoku rows) would train on zeros.
+            raise ValueError(f"reward {rc.spec!r} failed on all {len(results)} completions of this step, e.g. "
+                             f"{results[0].reason}; check reward.name / reward.weights against the data's task")
         return torch.tensor([r.score for r in results], dtype=torch.float32)
 
     def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
