@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as e:  # config / input errors: one clear line, no traceback
+    except (ValueError, OSError) as e:  # config / input / file-system errors (a full disk...): one line, no traceback
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             raise
         from .config.core import clip

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..data import DataConfig, build_prompts, load_examples
+from ..data.prompts import PromptBudget
 from ..diffusion.noise import derive_seed
 from ..rollout import SamplerConfig, generate
 from .benchmarks import Benchmark, resolve_benchmarks
@@ -45,6 +46,8 @@ class RunOptions:
     def __post_init__(self):
         if self.batch_size < 1 or self.n_samples < 1:
             raise ValueError(f"batch_size and n_samples must be >= 1 (got {self.batch_size}, {self.n_samples})")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (leave it unset for every example), got {self.limit}")
 
 
 def sampler_for(bench: Benchmark, base: SamplerConfig, overrides: dict) -> SamplerConfig:
@@ -78,7 +81,10 @@ def run_benchmark(model, tokenizer, bench: Benchmark, sampler_config: SamplerCon
                           system_prompt=opt.system_prompt, chat_template=opt.chat_template,
                           generation_prefix=opt.generation_prefix, max_prompt_tokens=opt.max_prompt_tokens,
                           on_bad_row=opt.on_bad_row)
-    prompted = build_prompts(load_examples(data_cfg), tokenizer, data_cfg)
+    budget = PromptBudget.for_model(model, cfg.gen_length, f"{bench.name} sampler gen_length")
+    prompted = build_prompts(load_examples(data_cfg), tokenizer, data_cfg, budget)
+    if not prompted:
+        raise ValueError(f"{bench.name}: no example left to evaluate (every row was skipped; see the warnings above)")
     path = Path(output_dir) / f"{bench.name}.jsonl" if output_dir is not None else None
     store = SampleStore(path, _settings(bench, cfg, opt, template, model_name), opt.resume)
     n = opt.n_samples

@@ -32,12 +32,13 @@ class PromptSource:
         self.sampler = EpochSampler(len(prompted), batch_size, seed)
 
     @classmethod
-    def from_recipe(cls, recipe, tokenizer, env) -> "PromptSource":
+    def from_recipe(cls, recipe, tokenizer, env, budget=None) -> "PromptSource":
+        """``budget`` (``dare.data.prompts.PromptBudget``): prompts too long for the model follow ``on_bad_row``."""
         from ..data import build_prompts, load_examples
         ds = recipe.data.dataset
         if ds is None:
             raise ValueError("RL needs data.dataset: a dare.data source of prompts (name/path/hf, template, ...)")
-        prompted = build_prompts(load_examples(ds), tokenizer, ds)
+        prompted = build_prompts(load_examples(ds), tokenizer, ds, budget)
         if not prompted:
             raise ValueError(f"data.dataset {ds.describe()}: no usable prompts")
         return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.rank, env.world_size)
