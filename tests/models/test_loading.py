@@ -66,6 +66,23 @@ def test_misshaped_tensor_is_named(tmp_path):
         load_model(d)
 
 
+def test_corrupted_weights_name_the_file_and_tensor(tmp_path):
+    d = _copy_fixture("llada-tiny", tmp_path)
+    weights = d / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])  # an interrupted copy
+    with pytest.raises(CheckpointError, match=rf"{weights}: unreadable safetensors file .*truncated or corrupted"):
+        load_model(d)
+    state = load_file(str(_copy_fixture("llada-tiny", tmp_path / "b") / "model.safetensors"))
+    state["model.transformer.blocks.0.attn_out.weight"][0, 0] = float("inf")
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=r"tensor model\.transformer\.blocks\.0\.attn_out\.weight holds non-finite"):
+        load_model(d)
+    (d / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not a valid safetensors index"):
+        load_model(d)
+
+
 def test_unsupported_model_type_lists_supported(tmp_path):
     d = _copy_fixture("dream-tiny", tmp_path)
     cfg = json.loads((d / "config.json").read_text())

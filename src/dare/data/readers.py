@@ -132,8 +132,15 @@ def _text_lines(path: Path) -> Iterator[str]:
 def _csv(path: Path, on_bad: OnBad) -> Iterator[Record]:
     delimiter = "\t" if ".tsv" in path.name.lower() else ","
     reader = csv.DictReader(_text_lines(path), delimiter=delimiter)
-    if not reader.fieldnames:
-        raise DataError(f"{path}: empty CSV (no header row)")
+    try:
+        if not reader.fieldnames:
+            raise DataError(f"{path}: empty CSV (no header row)")
+        yield from _csv_rows(path, reader, on_bad)
+    except csv.Error as e:  # e.g. a cell over the csv module's 128 KiB field limit
+        raise DataError(f"{path} (near line {reader.line_num + 1}): malformed CSV: {e}") from None
+
+
+def _csv_rows(path: Path, reader: csv.DictReader, on_bad: OnBad) -> Iterator[Record]:
     for i, data in enumerate(reader):
         if None in data or any(v is None for v in data.values()):
             cells = sum(v is not None for k, v in data.items() if k is not None) + len(data.get(None, []))
