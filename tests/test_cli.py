@@ -45,5 +45,5 @@ def test_eval_limit_zero_is_not_a_score(capsys, tmp_path):
 
 
 def test_long_messages_are_clipped(capsys):
-    line = one_line_error(capsys, "train", "recipes/sft_tiny.yaml", "model.path=" + "x" * 100_000)
-    assert len(line) < 3000
+    line = one_line_error(capsys, "train", "recipes/sft_tiny.yaml", "algorithm.name=" + "x" * 100_000)
+    assert "unknown algorithm 'xxxx" in line and len(line) < 3000
