@@ -1,8 +1,9 @@
 """``evaluate(model, tokenizer, benchmarks, sampler_config, ...) -> results``: generate, score, record.
 
 The same function backs ``dare eval`` and periodic evaluation during training. Each example's samples
-come from its own seed (run seed, benchmark, example id), so a result does not depend on batch size or
-on which other examples were in the batch, and a resumed run reproduces an uninterrupted one.
+come from its own seed (run seed, benchmark, example id), so its random draws do not depend on batch size or on
+which other examples were in the batch (float rounding of the batched forward does: docs/samplers.md), and a
+resumed run, which decodes the same batches, reproduces an uninterrupted one.
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 CONFIG_FILES = ("config.json",)
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken"]
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+           "float64": torch.float64, "fp64": torch.float64}  # float64: exact-reproduction tests (docs/samplers.md)
 
 
 class CheckpointError(ValueError):

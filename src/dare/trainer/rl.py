@@ -3,7 +3,8 @@
 Each rank takes whole prompts of the step's global batch (round-robin) and generates all ``group_size`` completions
 of each itself, so group statistics (advantages, the zero-variance filter) never cross ranks. Every random draw is
 keyed: prompt j of step s is sampled with seed ``hash(run seed, "rollout", s, j)`` (the rollout engine derives the
-per-completion generators from it), so a sample does not depend on the rank or batch it lands in, and a resumed run
+per-completion generators from it), so a sample's random draws do not depend on the rank or batch it lands in
+(its float rounding does: docs/samplers.md), and a resumed run
 regenerates exactly the rollouts it would have. Rewards come from ``dare.rewards.score_batch`` on the decoded
 completions (each example's task default unless ``reward.name`` is set).
 """
