@@ -153,9 +153,22 @@ def _csv_rows(path: Path, reader: csv.DictReader, on_bad: OnBad) -> Iterator[Rec
 _READERS = {"parquet": _parquet, "jsonl": _jsonl, "json": _json, "csv": _csv}
 
 
+BUNDLED_PREFIX = "bundled:"
+
+
+def resolve_data_path(path) -> Path:
+    """A data file path; ``bundled:<rel>`` names a file shipped in ``dare/assets/data`` (works from any directory and
+    in a pip-installed dare, e.g. ``bundled:quickstart/sudoku_lazy_train.jsonl``)."""
+    text = str(path)
+    if text.startswith(BUNDLED_PREFIX):
+        from .registry import ASSETS
+        return ASSETS / text[len(BUNDLED_PREFIX):]
+    return Path(text).expanduser()
+
+
 def read_records(path, on_bad: Optional[OnBad] = None) -> Iterator[Record]:
     """Records of a local file; row-level problems go to ``on_bad`` (default: raise them)."""
-    path = Path(path).expanduser()
+    path = resolve_data_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     return _READERS[file_type(path)](path, on_bad or _raise)
