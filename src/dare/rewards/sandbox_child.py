@@ -231,8 +231,7 @@ def _fresh_main(path):
 
 
 def _read_token():
-    token = sys.stdin.buffer.readline().strip()
-    return token
+    return sys.stdin.buffer.readline().strip()
 
 
 def _stdin_to_devnull():
@@ -261,7 +260,7 @@ def _describe(exc):
         text = str(exc)
     except BaseException:
         text = "?"
-    return [type(exc).__name__ if type(type(exc).__name__) is str else "Exception", text[:500]]
+    return [str(type(exc).__name__), text[:500]]
 
 
 def role_candidate(argv):
