@@ -44,10 +44,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as e:  # config / input errors: one clear line, no traceback
+    except (ValueError, OSError) as e:  # config / input / file-system errors (a full disk...): one line, no traceback
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             raise
-        print(f"dare {args.command}: error: {e}", file=sys.stderr)
+        from .config.core import clip
+        print(f"dare {args.command}: error: {clip(str(e))}", file=sys.stderr)
         return 2
 
 

@@ -232,6 +232,51 @@ def test_mixture_concatenates_sources_then_shuffles_and_limits():
         DataConfig(name="gsm8k", mix=mix.mix)
 
 
+def test_bytes_that_are_not_utf8_name_file_row_and_line(tmp_path):
+    good = json.dumps({"question": "q", "answer": "#### 1"}).encode()
+    (tmp_path / "latin.jsonl").write_bytes(good + b"\n" + b'{"question": "caf\xe9", "answer": "#### 2"}\n' + good + b"\n")
+    with pytest.raises(DataError, match=r"latin\.jsonl, row 1 \(line 2\): not UTF-8 text \(byte 0xe9"):
+        load_examples(DataConfig(path=str(tmp_path / "latin.jsonl")))
+    assert len(load_examples(DataConfig(path=str(tmp_path / "latin.jsonl"), on_bad_row="skip"))) == 2
+    (tmp_path / "latin.csv").write_bytes(b"Puzzle,Solution\n3102200002100320,3142243142131324\n\xff,x\n")
+    with pytest.raises(DataError, match=r"latin\.csv \(line 3\): not UTF-8 text"):
+        load_examples(DataConfig(path=str(tmp_path / "latin.csv")))
+    (tmp_path / "latin.json").write_bytes(b'[\n{"question": "q", "answer": "#### 1"},\n{"question": "\xff"}]')
+    with pytest.raises(DataError, match=r"latin\.json \(line 3\): not UTF-8 text"):
+        load_examples(DataConfig(path=str(tmp_path / "latin.json")))
+
+
+def test_skip_policy_skips_lines_that_are_not_json_objects(tmp_path, caplog):
+    # docs/data.md: on_bad_row: skip leaves out broken JSON too (it used to stop the load with an error)
+    path = _write(tmp_path / "broken.jsonl", [json.dumps({"question": "a", "answer": "#### 1"}), "{not json", "[1, 2]",
+                                              json.dumps({"question": "c", "answer": "#### 3"})])
+    with caplog.at_level(logging.WARNING, logger="dare.data"):
+        ex = load_examples(DataConfig(path=str(path), on_bad_row="skip"))
+    assert [e["ground_truth"] for e in ex] == ["1", "3"] and [e["index"] for e in ex] == [0, 3]  # ids do not shift
+    assert "broken.jsonl, row 1 (line 2): invalid JSON" in caplog.text and "row 2 (line 3): expected a JSON object" in caplog.text
+
+
+def test_a_huge_field_is_never_echoed_in_full(tmp_path, caplog):
+    huge = "1" * (1 << 20)
+    path = _write(tmp_path / "huge.jsonl", [json.dumps({"Puzzle": huge, "Solution": "3142243142131324"}),
+                                            json.dumps({"Puzzle": "3102200002100320", "Solution": "3142243142131324"})])
+    with pytest.raises(DataError) as err:
+        load_examples(DataConfig(path=str(path)))
+    assert "huge.jsonl, row 0 (line 1): sudoku puzzle must have 16" in str(err.value) and len(str(err.value)) < 1000
+    with caplog.at_level(logging.WARNING, logger="dare.data"):
+        assert len(load_examples(DataConfig(path=str(path), on_bad_row="skip"))) == 1
+    assert 0 < len(caplog.text) < 3000
+    with pytest.raises(DataError, match=r"huge\.csv \(near line 2\): malformed CSV: field larger than field limit"):
+        load_examples(DataConfig(path=str(_write(tmp_path / "huge.csv", ["Puzzle,Solution", f"{huge},3"]))))
+    pairs = _write(tmp_path / "pairs.jsonl", [json.dumps({"prompt": ["x" * (1 << 20)], "response": "y"})])
+    from dare.trainer.data import load_sft_docs
+    from dare.config.recipe import DataSection
+    from dare.models import tiny_tokenizer
+    with pytest.raises(DataError, match="must be a string") as err:
+        load_sft_docs(DataSection(pairs=str(pairs)), tiny_tokenizer())
+    assert len(str(err.value)) < 1000
+
+
 @pytest.mark.parametrize("file,rows,script", GENERATED)
 def test_generated_files_are_readable_by_bundled_path_and_reproducible(file, rows, script, tmp_path):
     """A generated bundled file is named ``bundled:<path>`` in recipes, and its script remakes it byte for byte."""

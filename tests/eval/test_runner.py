@@ -109,10 +109,14 @@ def test_resume_skips_done_examples_and_repairs_a_partial_line(monkeypatch, tmp_
 
 
 def test_results_do_not_depend_on_batch_size(tmp_path, tiny_llada, tiny_tok, one_thread):
+    import copy
     cfg = SamplerConfig(gen_length=8, block_length=8, steps=8, temperature=1.0)  # sampled: seeds must be per example
+    # float64: what is tested is that seeds and padding are per example; float32 GEMMs of other batch shapes round
+    # differently, which may flip a near-tie token (documented in docs/samplers.md)
+    model = copy.deepcopy(tiny_llada).double()
     done = []
     for b in (1, 3):
-        evaluate(tiny_llada, tiny_tok, ["countdown"], cfg, limit=3, batch_size=b, template="compact", progress=False,
+        evaluate(model, tiny_tok, ["countdown"], cfg, limit=3, batch_size=b, template="compact", progress=False,
                  reward_workers=1, seed=7, output_dir=tmp_path / str(b))
         recs = [json.loads(x) for x in (tmp_path / str(b) / "countdown.jsonl").read_text().splitlines()]
         done.append([(r["id"], r["completion"], r["seed"]) for r in recs])

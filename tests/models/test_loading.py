@@ -27,9 +27,7 @@ def test_save_pretrained_round_trip_keeps_published_layout(name, tmp_path):
     assert set(saved) == set(orig) and saved["auto_map"] == orig["auto_map"]  # every key, incl. auto_map
     assert {k: v for k, v in saved.items() if "dtype" not in k} == {k: v for k, v in orig.items() if "dtype" not in k}
     again = load_model(tmp_path, dtype=torch.float32, mask_token_id=500)
-    ids = torch.randint(0, 480, (2, 10))
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, again(ids).logits)
+    assert_same_model(model, again, vocab=480)
 
 
 def test_sharded_checkpoint_round_trip(tmp_path):
@@ -40,6 +38,19 @@ def test_sharded_checkpoint_round_trip(tmp_path):
     again = load_model(tmp_path, dtype=torch.float32)
     for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(again.state_dict().items())):
         assert torch.equal(a, b), k
+
+
+def assert_same_model(model, again, vocab: int) -> None:
+    """Save/load is exact: every parameter and buffer comes back bit for bit. The forwards of two instances may still
+    differ in the last bits: float32 GEMM results can depend on where the operands sit in memory (observed:
+    1.5e-8..3e-8 for llada2_moe in 2 of 3 fresh-clone runs, with identical weights). 1e-6 is 30x that noise and 100x
+    below what the fixture parity tests allow against the reference implementations (1e-4), so a real save/load
+    error (a wrong tensor, a dropped buffer) still fails."""
+    saved, loaded = model.state_dict(), again.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    ids = torch.randint(0, vocab, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, again(ids).logits, rtol=0, atol=1e-6)
 
 
 def _copy_fixture(name, tmp_path):
@@ -63,6 +74,23 @@ def test_misshaped_tensor_is_named(tmp_path):
     state["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(8, 64)
     save_file(state, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight has shape \(8, 64\)"):
+        load_model(d)
+
+
+def test_corrupted_weights_name_the_file_and_tensor(tmp_path):
+    d = _copy_fixture("llada-tiny", tmp_path)
+    weights = d / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])  # an interrupted copy
+    with pytest.raises(CheckpointError, match=rf"{weights}: unreadable safetensors file .*truncated or corrupted"):
+        load_model(d)
+    state = load_file(str(_copy_fixture("llada-tiny", tmp_path / "b") / "model.safetensors"))
+    state["model.transformer.blocks.0.attn_out.weight"][0, 0] = float("inf")
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=r"tensor model\.transformer\.blocks\.0\.attn_out\.weight holds non-finite"):
+        load_model(d)
+    (d / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not a valid safetensors index"):
         load_model(d)
 
 
@@ -135,6 +163,4 @@ def test_tiny_models_round_trip_with_tokenizer(family, tmp_path):
     model.save_pretrained(tmp_path, tokenizer=tok)
     again = load_model(tmp_path)  # mask id from config or, where the layout has none, from the saved tokenizer
     assert again.family == model.family and again.adapter.mask_token_id == tok.mask_token_id
-    ids = torch.randint(0, 100, (2, 9))
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, again(ids).logits)
+    assert_same_model(model, again, vocab=100)

@@ -330,6 +330,48 @@ def test_huge_output_is_capped(mode):
     assert_nothing_left()
 
 
+# ------------------------------------------------------------------------------------ reward hacks
+# An RL policy that finds one of these is rewarded for wrong code: the test is HumanEval-style and the correct
+# answer is 3, so every program below would score 1.0 under a harness that runs tests and code in one process.
+ADD = {"task": "humaneval", "ground_truth": {"tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+                                             "entry_point": "add", "prefix": "def add(a, b):\n"}}
+TOKEN_FORGER = """    return 0
+import gc, os, sys
+def _forge():
+    # Whatever proves success must be in this interpreter: bytes that look like a token, and descriptors to send
+    # them on. Try every combination, then leave before any test can fail.
+    tokens = set()
+    frame = sys._getframe()
+    while frame is not None:
+        tokens.update(v for v in frame.f_locals.values() if type(v) is bytes and 16 <= len(v) <= 64)
+        frame = frame.f_back
+    tokens.update(o for o in gc.get_objects() if type(o) is bytes and 16 <= len(o) <= 64)
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        for token in tokens:
+            try:
+                os.write(fd, token)
+            except OSError:
+                pass
+    os._exit(0)
+_forge()
+"""
+REWARD_HACKS = {
+    "always-equal object": "    class Anything:\n        def __eq__(self, other):\n            return True\n    return Anything()\n",
+    "int subclass with a rigged __eq__": "    class Three(int):\n        def __eq__(self, other):\n            return True\n"
+                                         "        __hash__ = int.__hash__\n    return Three(0)\n",
+    "stack-walking token forger + os._exit(0)": TOKEN_FORGER,
+}
+
+
+@pytest.mark.parametrize("hack", sorted(REWARD_HACKS))
+def test_reward_hacks_score_zero(mode, hack):
+    from dare.rewards import score_batch
+    assert code("    return a + b\n", ADD) == 1.0                    # the honest answer passes in this mode
+    result = score_batch("code", [REWARD_HACKS[hack]], [ADD], workers=0)[0]
+    assert result.score == 0.0, hack
+    assert_nothing_left()
+
+
 # ------------------------------------------------------------------------------------------ plumbing
 def test_detected_mode_is_the_strongest_available():
     mode, _ = detect_isolation()

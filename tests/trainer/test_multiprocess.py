@@ -67,7 +67,9 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
 
 @pytest.mark.slow
 def test_d1_two_processes_reproduce_one_process(tmp_path):
-    args = ["train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0",
+    # float64: each rank decodes half the prompts, i.e. other batch shapes; float32 rounding of those may flip a
+    # near-tie token, which is not promised to be identical (docs/samplers.md). The seeds and schedules are.
+    args = ["train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0", "model.dtype=float64",
             "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}"]
     one = _train(tmp_path / "one", *args, recipe="recipes/d1_tiny.yaml")
     two = _train(tmp_path / "two", *args, "distributed.nproc=2", recipe="recipes/d1_tiny.yaml")

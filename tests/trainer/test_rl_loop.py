@@ -85,3 +85,30 @@ def test_reference_sync_mixes_policy_into_the_copy(tmp_path):
         assert torch.allclose(r1, 0.6 * p.detach() + 0.4 * r0, atol=1e-6)
     with pytest.raises(ValueError, match="ref_sync_every"):  # d1's default sync needs a copy, not the LoRA-disabled base
         Trainer(d1_recipe(tmp_path / "lora", "lora.enabled=true", "reference.mode=auto", "algorithm.ref_sync_every=64"))
+
+
+def test_a_reward_that_fails_on_every_completion_stops_the_run(tmp_path):
+    # reward.name=math on sudoku rows: every item is an error; the run used to train on zeros (loss 0, rc 0)
+    with pytest.raises(ValueError, match=r"reward 'math' failed on all 32 completions of this step, e.g. error: "
+                                         r"ValueError: math ground_truth must be a non-empty answer string"):
+        Trainer(d1_recipe(tmp_path, "reward.name=math", "train.steps=1")).run()
+
+
+def test_prompts_longer_than_the_model_allows_are_bad_rows(tmp_path):
+    import json
+
+    from dare.data.schema import DataError
+    rows = [{"question": "2+2?", "answer": "4"}, {"question": "1+" * 3000 + "1?", "answer": "3001"},
+            {"question": "3+3?", "answer": "6"}]
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = f"data.dataset={{path: {data}, format: qa, template: compact}}"
+    with pytest.raises(DataError, match=r"example qa/1 \(row 1\): prompt has \d+ tokens, but the model has 1024 positions "
+                                        r"and rollout.sampler.gen_length=8 leaves 1016 for the prompt"):
+        Trainer(d1_recipe(tmp_path / "a", source, "train.steps=1", "train.batch_size=2"))
+    source = source[:-1] + ", on_bad_row: skip}"
+    t = Trainer(d1_recipe(tmp_path / "b", source, "train.steps=1", "train.batch_size=2"))
+    assert [p.example["id"] for p in t.source.prompted] == ["qa/0", "qa/2"]
+    t.close()
+    with pytest.raises(ValueError, match="rollout.sampler.gen_length=2048 leaves no room for a prompt in the model's 1024"):
+        Trainer(d1_recipe(tmp_path / "c", "rollout.sampler={gen_length: 2048, block_length: 32, steps: 64}"))

@@ -162,8 +162,12 @@ def test_bf16_mixed_precision_keeps_fp32_parameters(tmp_path):
 
 def test_checkpoint_of_another_model_is_a_clear_error(tmp_path):
     from dare.trainer.checkpoint import CheckpointError
+    from dare.trainer.run_folder import RecipeChanged
     Trainer(sft_recipe(tmp_path, "train.steps=1")).run()
-    with pytest.raises(CheckpointError, match="different recipe"):
-        Trainer(sft_recipe(tmp_path, "train.steps=2", "model.tiny_sizes={hidden_size: 48, num_layers: 1}"))
+    bigger = "model.tiny_sizes={hidden_size: 48, num_layers: 1}"
+    with pytest.raises(RecipeChanged, match="model.tiny_sizes.hidden_size: 32 -> 48"):  # caught before loading
+        Trainer(sft_recipe(tmp_path, "train.steps=2", bigger))
+    with pytest.raises(CheckpointError, match="different recipe"):  # opted in: the shapes still cannot load
+        Trainer(sft_recipe(tmp_path, "train.steps=2", bigger, "train.allow_recipe_change=true"))
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         Trainer(sft_recipe(tmp_path / "x", f"train.resume={tmp_path / 'nowhere'}"))

@@ -220,6 +220,11 @@ class AlgorithmConfig:
     """Base of every algorithm section; ``name`` selects the dataclass (see ``resolve_config_type``)."""
     name: str = "sft"
 
+    def group_need(self) -> tuple[int, str]:
+        """(fewest completions per prompt the method can learn from, why). The recipe checks
+        ``rollout.group_size`` against it, so a group-relative advantage never trains silently on zeros."""
+        return 1, ""
+
     @classmethod
     def resolve_config_type(cls, data: dict) -> type:
         from . import load_builtin_algorithms

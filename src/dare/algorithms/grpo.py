@@ -58,6 +58,12 @@ class GRPOConfig(AlgorithmConfig):
         if not 0.0 < self.ref_sync_alpha <= 1.0:
             raise ValueError(f"ref_sync_alpha must be in (0, 1], got {self.ref_sync_alpha}")
 
+    def group_need(self) -> tuple[int, str]:
+        if self.advantage == "none":
+            return 1, ""
+        return 2, (f"advantage: {self.advantage} is relative to the prompt's group, so a lone completion gets "
+                   f"advantage 0: loss 0, no gradient")
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Shared math (pure functions; tested directly)

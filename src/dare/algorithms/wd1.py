@@ -38,6 +38,9 @@ class WD1Config(D1Config):
         if self.beta != 0.0:
             raise ValueError(f"wd1 has no KL term (the reference trainer applies none); set beta to 0, got {self.beta}")
 
+    def group_need(self) -> tuple[int, str]:
+        return 2, "its weights are softmaxes over the prompt's group, constant for a lone completion"
+
 
 def group_softmax(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """``softmax(values)`` taken separately over the members of each group (``values [B]``, fp64 inside)."""

@@ -125,17 +125,26 @@ def sampler_for_model(sampler, model, enabled: bool):
 
 
 def run(args) -> int:
-    from dare.eval import evaluate, write_results
-    from dare.eval.models import load_for_eval, model_name
-    from dare.rewards import close_pool
+    from dare.eval.models import model_name, resolve_device
+    from dare.trainer.run_folder import RunLock
 
     cfg = build_config(args)
     out = Path(cfg.output_dir)
-    all_results = []
     names = [model_name(m) for m in cfg.models]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise ValueError(f"two models would share the output folder {sorted(dupes)}; give them distinct folder names")
+    resolve_device(cfg.device)
+    with RunLock(out, "dare eval"):  # two evaluations appending to the same JSONL files would duplicate records
+        return _run_models(cfg, out, names)
+
+
+def _run_models(cfg, out: Path, names: list) -> int:
+    from dare.eval import evaluate, write_results
+    from dare.eval.models import load_for_eval
+    from dare.rewards import close_pool
+
+    all_results = []
     try:
         for spec, name in zip(cfg.models, names):
             model, tok = load_for_eval(spec, dtype=cfg.dtype, device=cfg.device, mask_token_id=cfg.mask_token_id,

@@ -71,10 +71,11 @@ def _has_tokenizer_files(path: str) -> bool:
 def _load(args, need_tokenizer: bool):
     import torch
 
+    from dare.eval.models import resolve_device
     from dare.models import load_model, parse_dtype, tiny
     from dare.models.tokenizer import load_tokenizer, tiny_tokenizer
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     if args.model.startswith(TINY_PREFIX):
         tok = tiny_tokenizer()
         model = tiny(args.model[len(TINY_PREFIX):], tokenizer=tok, seed=0)
@@ -103,6 +104,20 @@ def _encode(tok, text: str, chat: bool) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
+def _check_prompts(model, prompts: list, config) -> None:
+    """One-line errors for token ids the model has no embedding for and prompts longer than its positions allow."""
+    from dare.data.prompts import PromptBudget
+
+    vocab = model.arch.vocab_size
+    budget = PromptBudget.for_model(model, config.gen_length, "--gen-length")
+    for i, ids in enumerate(prompts):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt {i}: token id(s) {bad[:5]} outside the model's vocabulary [0, {vocab})")
+        if budget is not None and len(ids) > budget.tokens:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens, but {budget.reason}")
+
+
 def run(args) -> int:
     import torch
 
@@ -116,6 +131,7 @@ def run(args) -> int:
     config = SamplerConfig(**overrides)
     model, tok = _load(args, need_tokenizer=bool(args.prompt))
     prompts = [_encode(tok, t, args.chat) for t in args.prompt] + list(args.prompt_ids)
+    _check_prompts(model, prompts, config)
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -20,8 +20,27 @@ from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_
 import yaml
 
 
+def clip(text: str, limit: int = 2000) -> str:
+    """``text`` cut to about ``limit`` characters, head and tail kept: a message never echoes a 1 MB value."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = limit * 3 // 4
+    tail = limit - head
+    return f"{text[:head]}...[{len(text) - head - tail} characters cut]...{text[-tail:]}"
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut after ``limit`` characters (saying how long it was)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class ConfigError(ValueError):
     """A configuration problem, with the dotted path of the offending key in the message."""
+
+    def __init__(self, message: str):
+        super().__init__(clip(message))
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -51,7 +70,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
-            raise ConfigError(f"{path}: {value!r} is not allowed; expected {_type_name(tp)}.{_suggest(str(value), [str(a) for a in allowed])}")
+            raise ConfigError(f"{path}: {shown(value)} is not allowed; expected {_type_name(tp)}.{_suggest(str(value), [str(a) for a in allowed])}")
         return value
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -66,10 +85,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 return _convert(value, arg, path)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{path}: {value!r} does not match {_type_name(tp)}")
+        raise ConfigError(f"{path}: {shown(value)} does not match {_type_name(tp)}")
     if origin in (list, tuple, typing.Sequence):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list ({_type_name(tp)}), got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a list ({_type_name(tp)}), got {type(value).__name__} {shown(value)}")
         (item_tp, *rest) = get_args(tp) or (Any,)
         if origin is tuple and rest and rest != [Ellipsis]:
             return tuple(_convert(v, t, f"{path}[{i}]") for i, (v, t) in enumerate(zip(value, get_args(tp))))
@@ -84,31 +103,31 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping for section {tp.__name__}, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a mapping for section {tp.__name__}, got {type(value).__name__} {shown(value)}")
         return from_dict(tp, value, path)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{path}: expected bool, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected bool, got {type(value).__name__} {shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{path}: expected int, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected int, got {type(value).__name__} {shown(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{path}: expected float, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected float, got {type(value).__name__} {shown(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # e.g. model.path=123 from the command line
-        raise ConfigError(f"{path}: expected str, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{path}: expected str, got {type(value).__name__} {shown(value)}")
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ConfigError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {shown(value)}")
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -7,6 +7,7 @@ method-specific keys are validated too. ``rollout.sampler`` is ``dare.rollout.Sa
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
@@ -85,10 +86,18 @@ class OptimSection:
     grad_clip: Optional[float] = 1.0
 
     def __post_init__(self):
-        if len(self.betas) != 2:
-            raise ValueError(f"optim.betas must have two values, got {self.betas}")
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be positive, got {self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must be two values in [0, 1), got {self.betas}")
+        for key in ("lr", "eps"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
+                raise ValueError(f"optim.{key} must be a positive finite number, got {getattr(self, key)}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optim.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"optim.grad_clip must be a positive finite number (or null: no clipping), got {self.grad_clip}")
+        if self.warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], got "
+                             f"{self.warmup_steps}, {self.min_lr_ratio}")
 
 
 @dataclass
@@ -101,6 +110,8 @@ class TrainSection:
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int = 2
     resume: str = "auto"  # auto: continue from the latest complete checkpoint; never; or a checkpoint folder
+    # Resuming checks the recipe against the checkpoint's (docs/training.md); true resumes despite changed keys.
+    allow_recipe_change: bool = False
     log_every: int = 1
     max_bad_steps: int = 3  # NaN/inf losses or gradients: skip the step; abort after this many in a row
     export: bool = True  # write the final model in the family's HF layout (+ tokenizer) to output_dir/export
@@ -111,9 +122,15 @@ class TrainSection:
     eval_every: int = 0  # evaluate on eval.benchmarks every N steps (0: never)
 
     def __post_init__(self):
-        for key in ("steps", "batch_size", "micro_batch_size"):
+        for key in ("steps", "batch_size", "micro_batch_size", "log_every", "chunk_size"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"train.{key} must be positive, got {getattr(self, key)}")
+        for key in ("save_every", "eval_every", "max_bad_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"train.keep_checkpoints must be >= 1 (the latest checkpoint is what a run resumes "
+                             f"from), got {self.keep_checkpoints}")
 
 
 @dataclass
@@ -126,8 +143,23 @@ class RolloutSection:
 @dataclass
 class RewardSection:
     name: Optional[str] = None  # default: the reward registered for each example's task
+    weights: dict[str, float] = field(default_factory=dict)  # or a weighted sum, e.g. {countdown: 1.0, format: 0.5}
     timeout: float = 10.0
     workers: int = 1
+
+    def __post_init__(self):
+        from ..rewards.registry import check_reward_spec
+        if self.name is not None and self.weights:
+            raise ValueError("set reward.name or reward.weights, not both")
+        check_reward_spec(self.spec, "reward.weights" if self.weights else "reward.name")
+        if not (math.isfinite(self.timeout) and self.timeout > 0) or self.workers < 0:
+            raise ValueError(f"reward.timeout must be a positive number of seconds and reward.workers >= 0, got "
+                             f"{self.timeout}, {self.workers}")
+
+    @property
+    def spec(self):
+        """What ``dare.rewards.score_batch`` takes: the name, the weights, or "auto" (each example's task default)."""
+        return dict(self.weights) if self.weights else (self.name or "auto")
 
 
 @dataclass
@@ -145,6 +177,11 @@ class EvalSection:
     batch_size: int = 8
     template: str = "reasoning"
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+
+    def __post_init__(self):
+        if (self.limit is not None and self.limit < 1) or self.batch_size < 1:
+            raise ValueError(f"eval.limit (null = every example) and eval.batch_size must be >= 1, got "
+                             f"{self.limit}, {self.batch_size}")
 
 
 @dataclass
@@ -176,6 +213,13 @@ class TrainRecipe:
             raise ValueError("train.eval_every is set but eval.benchmarks is empty (e.g. eval.benchmarks=[sudoku])")
         if self.reference.mode == "lora_disabled" and not self.lora.enabled:
             raise ValueError("reference.mode: lora_disabled needs lora.enabled: true")
+        need, why = self.algorithm.group_need()
+        if self.rollout.group_size < need:
+            raise ValueError(f"rollout.group_size={self.rollout.group_size}: algorithm {self.algorithm.name!r} needs at "
+                             f"least {need} completions per prompt ({why})")
+        if self.rollout.group_size < 1 or self.rollout.micro_batch_size < 0:
+            raise ValueError(f"rollout.group_size must be >= 1 and rollout.micro_batch_size >= 0, got "
+                             f"{self.rollout.group_size}, {self.rollout.micro_batch_size}")
 
 
 def load_recipe(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> TrainRecipe:

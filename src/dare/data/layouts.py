@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from . import tasks
 from .readers import Record
-from .schema import DataError
+from .schema import DataError, shown
 
 
 @dataclass
@@ -66,20 +66,20 @@ def _literal(rec: Record, value: Any, name: str) -> Any:
 
 def _str(rec: Record, value: Any, name: str) -> str:
     if not isinstance(value, str):
-        _fail(rec, f"field {name!r} must be a string, got {type(value).__name__} {value!r}")
+        _fail(rec, f"field {name!r} must be a string, got {type(value).__name__} {shown(value)}")
     return value
 
 
 def _int(rec: Record, value: Any, name: str) -> int:
     if isinstance(value, bool):
-        _fail(rec, f"field {name!r} must be an integer, got {value!r}")
+        _fail(rec, f"field {name!r} must be an integer, got {shown(value)}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
         return int(value)
-    _fail(rec, f"field {name!r} must be an integer, got {value!r}")
+    _fail(rec, f"field {name!r} must be an integer, got {shown(value)}")
 
 
 def _int_list(rec: Record, value: Any, name: str) -> list[int]:
@@ -87,7 +87,7 @@ def _int_list(rec: Record, value: Any, name: str) -> list[int]:
     if isinstance(value, str):  # d1: "30,100,93"
         value = [v for v in re.split(r"[,\s]+", value.strip()) if v]
     if not isinstance(value, (list, tuple)) or not value:
-        _fail(rec, f"field {name!r} must be a non-empty list of integers, got {value!r}")
+        _fail(rec, f"field {name!r} must be a non-empty list of integers, got {shown(value)}")
     return [_int(rec, v, name) for v in value]
 
 
@@ -112,7 +112,7 @@ def _messages(rec: Record) -> list[dict]:
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            _fail(rec, f"prompt[{i}] must be a {{role, content}} message, got {m!r}")
+            _fail(rec, f"prompt[{i}] must be a {{role, content}} message, got {shown(m)}")
         out.append({"role": m["role"], "content": m["content"]})
     return out
 

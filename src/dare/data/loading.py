@@ -10,7 +10,7 @@ from .config import DataConfig
 from .layouts import Context, detect_layout, get_layout
 from .readers import Record, read_records
 from .registry import get_dataset
-from .schema import BadRowPolicy, DataError, validate_example, where
+from .schema import BadRowPolicy, DataError, shown, validate_example, where
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,12 @@ def _hf_records(hf_id: str, config: Optional[str], split: str) -> Iterator[Recor
         yield Record(source, i, None, dict(row))
 
 
-def _resolve(cfg: DataConfig):
+def _resolve(cfg: DataConfig, policy: BadRowPolicy):
     """(records, layout name, id prefix, dataset short name, default task, known-bad rows) for the configured source."""
     if cfg.path:
         path = Path(cfg.path).expanduser()
         stem = path.name.split(".")[0]
-        return read_records(path), cfg.format, stem, stem, None, {}
+        return read_records(path, policy.handle), cfg.format, stem, stem, None, {}
     if cfg.hf:
         split = cfg.split
         return _hf_records(cfg.hf, cfg.hf_config, split), cfg.format, f"{cfg.hf}/{split}", cfg.hf.split("/")[-1], None, {}
@@ -44,7 +44,7 @@ def _resolve(cfg: DataConfig):
             raise ValueError(f"dataset {cfg.name!r} has no bundled split {cfg.split!r} (bundled: "
                              f"{', '.join(sorted(spec.files)) or 'none'}); set data.source: hf or give data.path")
         known_bad = spec.known_bad.get(cfg.split, {})
-        return read_records(bundled), cfg.format, f"{cfg.name}/{cfg.split}", cfg.name, spec.task, known_bad
+        return read_records(bundled, policy.handle), cfg.format, f"{cfg.name}/{cfg.split}", cfg.name, spec.task, known_bad
     if hf is None:
         raise ValueError(f"dataset {cfg.name!r} has no split {cfg.split!r} (splits: {', '.join(spec.splits)})")
     fmt = cfg.format if cfg.format != "auto" else hf.format
@@ -53,8 +53,8 @@ def _resolve(cfg: DataConfig):
 
 def iter_examples(cfg: DataConfig, policy: Optional[BadRowPolicy] = None) -> Iterator[dict]:
     """Examples in file order; bad rows raise (``on_bad_row: error``) or are logged and skipped."""
-    records, fmt, prefix, source, task, known_bad = _resolve(cfg)
     policy = policy or BadRowPolicy(cfg.on_bad_row)
+    records, fmt, prefix, source, task, known_bad = _resolve(cfg, policy)
     layout = None if fmt == "auto" else get_layout(fmt)
     ctx = Context(prefix, source, cfg.task)
     for rec in records:
@@ -66,7 +66,7 @@ def iter_examples(cfg: DataConfig, policy: Optional[BadRowPolicy] = None) -> Ite
         try:
             ex = validate_example(layout.parse(rec, ctx), rec.loc)
             if task is not None and cfg.task is None and ex["task"] != task:
-                raise DataError(f"{rec.loc}: row parsed as task {ex['task']!r}, but dataset {source!r} is {task!r}")
+                raise DataError(f"{rec.loc}: row parsed as task {shown(ex['task'])}, but dataset {source!r} is {task!r}")
         except DataError as e:
             policy.handle(e)
             continue
@@ -101,6 +101,6 @@ def load_examples(cfg: DataConfig) -> list[dict]:
     ids = set()
     for ex in out:
         if ex["id"] in ids:
-            raise DataError(f"{cfg.describe()}: duplicate example id {ex['id']!r}")
+            raise DataError(f"{cfg.describe()}: duplicate example id {shown(ex['id'])}")
         ids.add(ex["id"])
     return out

@@ -65,6 +65,25 @@ def build_sft_example(example: dict, template="reasoning", tokenizer=None, syste
     return render(prompt, tokenizer, tpl, chat_template), tpl.gold_completion(example, prompt.generation_prefix)
 
 
+@dataclass(frozen=True)
+class PromptBudget:
+    """The longest prompt a model can take with ``gen_length`` tokens to generate (its positions minus those)."""
+    tokens: int
+    reason: str
+
+    @staticmethod
+    def for_model(model, gen_length: int, what: str = "gen_length") -> Optional["PromptBudget"]:
+        """None when the model's config names no position limit; an error when ``gen_length`` alone exceeds it."""
+        cfg = getattr(model, "hf_config", None) or {}
+        positions = cfg.get("max_position_embeddings") or cfg.get("max_sequence_length")
+        if not positions:
+            return None
+        if gen_length >= positions:
+            raise ValueError(f"{what}={gen_length} leaves no room for a prompt in the model's {positions} positions")
+        return PromptBudget(positions - gen_length, f"the model has {positions} positions and {what}={gen_length} "
+                                                    f"leaves {positions - gen_length} for the prompt")
+
+
 @dataclass
 class PromptedExample:
     example: dict
@@ -72,8 +91,9 @@ class PromptedExample:
     input_ids: list[int]
 
 
-def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig) -> list[PromptedExample]:
-    """Render and tokenize every example; prompts over ``max_prompt_tokens`` follow ``on_bad_row``."""
+def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig, budget: Optional[PromptBudget] = None) -> list[PromptedExample]:
+    """Render and tokenize every example; prompts over ``max_prompt_tokens`` or the model's ``budget`` follow
+    ``on_bad_row`` (an error naming the row, or skipped)."""
     tpl = get_template(cfg.template)
     chat = uses_chat_template(tokenizer, tpl, cfg.chat_template)
     policy = BadRowPolicy(cfg.on_bad_row, what="prompt")
@@ -85,6 +105,9 @@ def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig) -> list[Prom
             if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
                 raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, "
                                 f"over max_prompt_tokens={cfg.max_prompt_tokens}")
+            if budget is not None and len(ids) > budget.tokens:
+                raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, but "
+                                f"{budget.reason} (shorten it, or on_bad_row: skip)")
         except DataError as e:
             policy.handle(e)
             continue

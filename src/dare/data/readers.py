@@ -3,16 +3,19 @@
 Each record comes with its row index (0-based, data rows only) and, for text formats, its 1-based line
 number, so a malformed row can be reported as ``file, row N (line M)``. CSV cells stay strings: a 4x4
 sudoku puzzle such as ``0140...`` must keep its leading zero.
+
+Text is decoded line by line, so bytes that are not UTF-8 are reported with their file, row and line. Problems
+confined to one row (a line that is not JSON, not an object, not UTF-8; a ragged CSV row) go to ``on_bad``
+(``BadRowPolicy.handle``: raise, or log and skip under ``on_bad_row: skip``); without it they raise.
 """
 from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from .schema import DataError, where
 
@@ -42,13 +45,28 @@ def file_type(path: Path) -> str:
     raise DataError(f"{path}: unknown data file type (expected one of .parquet, .jsonl, .jsonl.gz, .json, .csv)")
 
 
-def _open_text(path: Path):
-    if path.name.lower().endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+def _raise(err: DataError) -> None:
+    raise err
 
 
-def _parquet(path: Path) -> Iterator[Record]:
+OnBad = Callable[[DataError], None]
+
+
+def _binary_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as f:
+        yield from enumerate(f, start=1)
+
+
+def _decode(raw: bytes, loc: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{loc}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line); "
+                        f"re-encode the file as UTF-8") from None
+
+
+def _parquet(path: Path, on_bad: OnBad) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     try:
@@ -59,28 +77,38 @@ def _parquet(path: Path) -> Iterator[Record]:
         yield Record(str(path), i, None, data)
 
 
-def _jsonl(path: Path) -> Iterator[Record]:
+def _jsonl(path: Path, on_bad: OnBad) -> Iterator[Record]:
     row = 0
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where(str(path), row, line_no)}: invalid JSON: {e.msg}") from e
-            if not isinstance(data, dict):
-                raise DataError(f"{where(str(path), row, line_no)}: expected a JSON object, got {type(data).__name__}")
-            yield Record(str(path), row, line_no, data)
-            row += 1
-
-
-def _json(path: Path) -> Iterator[Record]:
-    with _open_text(path) as f:
+    for line_no, raw in _binary_lines(path):
+        if not raw.strip():
+            continue
+        loc = where(str(path), row, line_no)
+        row += 1  # a bad row keeps its number, so the ids of the rows after it do not depend on on_bad_row
         try:
-            data = json.load(f)
+            data = json.loads(_decode(raw, loc))
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: invalid JSON (line {e.lineno}): {e.msg}") from e
+            on_bad(DataError(f"{loc}: invalid JSON: {e.msg} (column {e.colno})"))
+            continue
+        except DataError as e:
+            on_bad(e)
+            continue
+        if not isinstance(data, dict):
+            on_bad(DataError(f"{loc}: expected a JSON object, got {type(data).__name__}"))
+            continue
+        yield Record(str(path), row - 1, line_no, data)
+
+
+def _json(path: Path, on_bad: OnBad) -> Iterator[Record]:
+    raw = b"".join(line for _, line in _binary_lines(path))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path} (line {line}): not UTF-8 text (byte 0x{raw[e.start]:02x}); re-encode the file as UTF-8") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON (line {e.lineno}): {e.msg}") from e
     if isinstance(data, dict):  # {"data": [...]} / {"examples": [...]}
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -90,22 +118,36 @@ def _json(path: Path) -> Iterator[Record]:
         raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
     for i, item in enumerate(data):
         if not isinstance(item, dict):
-            raise DataError(f"{where(str(path), i)}: expected a JSON object, got {type(item).__name__}")
+            on_bad(DataError(f"{where(str(path), i)}: expected a JSON object, got {type(item).__name__}"))
+            continue
         yield Record(str(path), i, None, item)
 
 
-def _csv(path: Path) -> Iterator[Record]:
+def _text_lines(path: Path) -> Iterator[str]:
+    """Decoded lines for the csv module; a line that is not UTF-8 stops the file (a CSV row may span lines)."""
+    for line_no, raw in _binary_lines(path):
+        yield _decode(raw, f"{path} (line {line_no})")
+
+
+def _csv(path: Path, on_bad: OnBad) -> Iterator[Record]:
     delimiter = "\t" if ".tsv" in path.name.lower() else ","
-    with _open_text(path) as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
+    reader = csv.DictReader(_text_lines(path), delimiter=delimiter)
+    try:
         if not reader.fieldnames:
             raise DataError(f"{path}: empty CSV (no header row)")
-        for i, data in enumerate(reader):
-            if None in data or any(v is None for v in data.values()):
-                cells = sum(v is not None for k, v in data.items() if k is not None) + len(data.get(None, []))
-                raise DataError(f"{where(str(path), i, reader.line_num)}: row has {cells} cells, "
-                                f"the header has {len(reader.fieldnames)}")
-            yield Record(str(path), i, reader.line_num, dict(data))
+        yield from _csv_rows(path, reader, on_bad)
+    except csv.Error as e:  # e.g. a cell over the csv module's 128 KiB field limit
+        raise DataError(f"{path} (near line {reader.line_num + 1}): malformed CSV: {e}") from None
+
+
+def _csv_rows(path: Path, reader: csv.DictReader, on_bad: OnBad) -> Iterator[Record]:
+    for i, data in enumerate(reader):
+        if None in data or any(v is None for v in data.values()):
+            cells = sum(v is not None for k, v in data.items() if k is not None) + len(data.get(None, []))
+            on_bad(DataError(f"{where(str(path), i, reader.line_num)}: row has {cells} cells, "
+                             f"the header has {len(reader.fieldnames)}"))
+            continue
+        yield Record(str(path), i, reader.line_num, dict(data))
 
 
 _READERS = {"parquet": _parquet, "jsonl": _jsonl, "json": _json, "csv": _csv}
@@ -124,8 +166,9 @@ def resolve_data_path(path) -> Path:
     return Path(text).expanduser()
 
 
-def read_records(path) -> Iterator[Record]:
+def read_records(path, on_bad: Optional[OnBad] = None) -> Iterator[Record]:
+    """Records of a local file; row-level problems go to ``on_bad`` (default: raise them)."""
     path = resolve_data_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    return _READERS[file_type(path)](path)
+    return _READERS[file_type(path)](path, on_bad or _raise)

@@ -22,6 +22,8 @@ import logging
 import math
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+from ..config.core import clip, shown
+
 log = logging.getLogger(__name__)
 
 TASKS = ("math", "countdown", "sudoku", "code")
@@ -29,7 +31,10 @@ BAD_ROW_POLICIES = ("error", "skip")
 
 
 class DataError(ValueError):
-    """A malformed row or file; the message names the file and the row."""
+    """A malformed row or file; the message names the file and the row (and is never longer than ~2000 chars)."""
+
+    def __init__(self, message: str):
+        super().__init__(clip(message))
 
 
 def where(source: str, row: Optional[int] = None, line: Optional[int] = None) -> str:
@@ -49,14 +54,14 @@ def _need(cond: bool, loc: str, msg: str) -> None:
 def _check_sudoku(gt: Any, loc: str) -> None:
     _need(isinstance(gt, dict), loc, f"sudoku ground_truth must be a dict with puzzle/solution, got {type(gt).__name__}")
     puzzle, solution = gt.get("puzzle"), gt.get("solution")
-    _need(isinstance(puzzle, str) and puzzle != "", loc, f"sudoku puzzle must be a non-empty string, got {puzzle!r}")
-    _need(isinstance(solution, str) and solution != "", loc, f"sudoku solution must be a non-empty string, got {solution!r}")
+    _need(isinstance(puzzle, str) and puzzle != "", loc, f"sudoku puzzle must be a non-empty string, got {shown(puzzle)}")
+    _need(isinstance(solution, str) and solution != "", loc, f"sudoku solution must be a non-empty string, got {shown(solution)}")
     n = math.isqrt(len(puzzle))
-    _need(n in (4, 9) and n * n == len(puzzle), loc, f"sudoku puzzle must have 16 (4x4) or 81 (9x9) cells, got {len(puzzle)}: {puzzle!r}")
+    _need(n in (4, 9) and n * n == len(puzzle), loc, f"sudoku puzzle must have 16 (4x4) or 81 (9x9) cells, got {len(puzzle)}: {shown(puzzle)}")
     _need(len(solution) == len(puzzle), loc, f"sudoku solution has {len(solution)} cells, the puzzle {len(puzzle)}")
     digits = "".join(str(d) for d in range(n + 1))
-    _need(all(c in digits for c in puzzle), loc, f"sudoku puzzle may only hold digits 0-{n}: {puzzle!r}")
-    _need(all(c in digits[1:] for c in solution), loc, f"sudoku solution may only hold digits 1-{n}: {solution!r}")
+    _need(all(c in digits for c in puzzle), loc, f"sudoku puzzle may only hold digits 0-{n}: {shown(puzzle)}")
+    _need(all(c in digits[1:] for c in solution), loc, f"sudoku solution may only hold digits 1-{n}: {shown(solution)}")
     _need(all(p in ("0", s) for p, s in zip(puzzle, solution)), loc, "sudoku solution contradicts a given cell of the puzzle")
 
 
@@ -64,20 +69,20 @@ def validate_example(ex: dict, loc: str) -> dict:
     """Check the normalised fields; raise ``DataError`` naming ``loc`` (file and row) on the first problem."""
     for key in ("id", "task", "question", "ground_truth"):
         _need(key in ex, loc, f"missing field {key!r}")
-    _need(isinstance(ex["id"], str) and ex["id"] != "", loc, f"id must be a non-empty string, got {ex['id']!r}")
+    _need(isinstance(ex["id"], str) and ex["id"] != "", loc, f"id must be a non-empty string, got {shown(ex['id'])}")
     task = ex["task"]
-    _need(task in TASKS, loc, f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
+    _need(task in TASKS, loc, f"unknown task {shown(task)} (expected one of {', '.join(TASKS)})")
     _need(isinstance(ex["question"], str) and ex["question"].strip() != "", loc, "empty question")
     gt = ex["ground_truth"]
     if task == "math":
-        _need(isinstance(gt, str), loc, f"math ground_truth must be a string, got {type(gt).__name__} {gt!r}")
+        _need(isinstance(gt, str), loc, f"math ground_truth must be a string, got {type(gt).__name__} {shown(gt)}")
         _need(gt.strip() != "", loc, "empty answer")
     elif task == "countdown":
         _need(isinstance(gt, dict), loc, f"countdown ground_truth must be a dict with numbers/target, got {type(gt).__name__}")
         nums, target = gt.get("numbers"), gt.get("target")
         _need(isinstance(nums, list) and len(nums) > 0 and all(isinstance(v, int) and not isinstance(v, bool) for v in nums),
-              loc, f"countdown numbers must be a non-empty list of ints, got {nums!r}")
-        _need(isinstance(target, int) and not isinstance(target, bool), loc, f"countdown target must be an int, got {target!r}")
+              loc, f"countdown numbers must be a non-empty list of ints, got {shown(nums)}")
+        _need(isinstance(target, int) and not isinstance(target, bool), loc, f"countdown target must be an int, got {shown(target)}")
     elif task == "sudoku":
         _check_sudoku(gt, loc)
     else:  # code

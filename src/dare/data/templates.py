@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Callable, Optional
 
 from . import tasks
-from .schema import DataError
+from .schema import DataError, shown
 
 REASONING_FORMAT = "Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n"
 MATH_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the final "
@@ -149,7 +149,7 @@ class Template:
     def build(self, ex: dict, system_prompt: Optional[str] = None) -> Prompt:
         builder = self.prompts.get(ex["task"])
         if builder is None:
-            raise DataError(f"template {self.name!r} has no prompt for task {ex['task']!r} (example {ex['id']})")
+            raise DataError(f"template {self.name!r} has no prompt for task {shown(ex['task'])} (example {ex['id']})")
         prompt = builder(ex)
         if system_prompt:
             prompt = Prompt([{"role": "system", "content": system_prompt}] + prompt.messages, prompt.generation_prefix,

@@ -16,6 +16,30 @@ def model_name(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
+def resolve_device(device: Optional[str]):
+    """``torch.device`` for a ``--device`` value (None: cuda when available); one-line errors for a device this
+    machine lacks or a name torch does not know."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r}: not a device name (use cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: CUDA is not available here (torch {torch.__version__}, "
+                             f"{'no GPU visible' if torch.backends.cuda.is_built() else 'built without CUDA'}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type != "cpu" and dev.type != "meta":
+        backend = getattr(torch.backends, dev.type, None)
+        if backend is not None and hasattr(backend, "is_available") and not backend.is_available():
+            raise ValueError(f"--device {device}: {dev.type} is not available here; use --device cpu")
+    return dev
+
+
 def load_for_eval(spec: str, *, dtype: Optional[str] = None, device: Optional[str] = None,
                   mask_token_id: Optional[int] = None, tokenizer: Optional[str] = None, tiny_seed: int = 0):
     """(model in eval mode, tokenizer) for ``spec``.
@@ -29,8 +53,7 @@ def load_for_eval(spec: str, *, dtype: Optional[str] = None, device: Optional[st
     from ..models import load_model, tiny
     from ..models.tokenizer import load_tokenizer, tiny_tokenizer
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     if spec.startswith(TINY_PREFIX):
         tok = tiny_tokenizer()
         model = tiny(spec[len(TINY_PREFIX):], tokenizer=tok, seed=tiny_seed)

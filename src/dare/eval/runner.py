@@ -1,8 +1,9 @@
 """``evaluate(model, tokenizer, benchmarks, sampler_config, ...) -> results``: generate, score, record.
 
 The same function backs ``dare eval`` and periodic evaluation during training. Each example's samples
-come from its own seed (run seed, benchmark, example id), so a result does not depend on batch size or
-on which other examples were in the batch, and a resumed run reproduces an uninterrupted one.
+come from its own seed (run seed, benchmark, example id), so its random draws do not depend on batch size or on
+which other examples were in the batch (float rounding of the batched forward does: docs/samplers.md), and a
+resumed run, which decodes the same batches, reproduces an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..data import DataConfig, build_prompts, load_examples
+from ..data.prompts import PromptBudget
 from ..diffusion.noise import derive_seed
 from ..rollout import SamplerConfig, generate
 from .benchmarks import Benchmark, resolve_benchmarks
@@ -45,6 +47,8 @@ class RunOptions:
     def __post_init__(self):
         if self.batch_size < 1 or self.n_samples < 1:
             raise ValueError(f"batch_size and n_samples must be >= 1 (got {self.batch_size}, {self.n_samples})")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (leave it unset for every example), got {self.limit}")
 
 
 def sampler_for(bench: Benchmark, base: SamplerConfig, overrides: dict) -> SamplerConfig:
@@ -78,7 +82,10 @@ def run_benchmark(model, tokenizer, bench: Benchmark, sampler_config: SamplerCon
                           system_prompt=opt.system_prompt, chat_template=opt.chat_template,
                           generation_prefix=opt.generation_prefix, max_prompt_tokens=opt.max_prompt_tokens,
                           on_bad_row=opt.on_bad_row)
-    prompted = build_prompts(load_examples(data_cfg), tokenizer, data_cfg)
+    budget = PromptBudget.for_model(model, cfg.gen_length, f"{bench.name} sampler gen_length")
+    prompted = build_prompts(load_examples(data_cfg), tokenizer, data_cfg, budget)
+    if not prompted:
+        raise ValueError(f"{bench.name}: no example left to evaluate (every row was skipped; see the warnings above)")
     path = Path(output_dir) / f"{bench.name}.jsonl" if output_dir is not None else None
     store = SampleStore(path, _settings(bench, cfg, opt, template, model_name), opt.resume)
     n = opt.n_samples

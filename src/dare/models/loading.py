@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 CONFIG_FILES = ("config.json",)
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken"]
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+           "float64": torch.float64, "fp64": torch.float64}  # float64: exact-reproduction tests (docs/samplers.md)
 
 
 class CheckpointError(ValueError):
@@ -74,7 +75,10 @@ def read_config(folder: Path) -> dict:
 def checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (ValueError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: {e})") from e
         files = sorted({folder / name for name in weight_map.values()})
         missing = [str(f) for f in files if not f.exists()]
         if missing:
@@ -90,11 +94,25 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def read_state_dict(folder: Path, family: Family) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint under its native name. A truncated or corrupted file, or a tensor holding
+    NaN/inf, is an error naming the file (and tensor) instead of a traceback or a model that outputs NaN."""
     out = {}
     for f in checkpoint_files(folder):
-        with safe_open(str(f), framework="pt") as fh:
-            for key in fh.keys():
-                out[family.to_native(key)] = fh.get_tensor(key)
+        key = None
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    tensor = fh.get_tensor(key)
+                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                        raise CheckpointError(f"{f}: tensor {key} holds non-finite values (NaN/inf); the file is "
+                                              f"corrupted or the model diverged before it was saved")
+                    out[family.to_native(key)] = tensor
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors' own error types: a cut or damaged file
+            where = f" (tensor {key})" if key is not None else ""
+            raise CheckpointError(f"{f}{where}: unreadable safetensors file ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''}); the file is truncated or corrupted") from e
     return out
 
 

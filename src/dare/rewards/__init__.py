@@ -25,12 +25,13 @@ from .registry import (
     resolve_terms,
     reward_for_task,
 )
-from .sandbox import ISOLATIONS, SandboxLimits, SandboxResult, available_isolations, detect_isolation, run_python
+from .sandbox import (ISOLATIONS, SandboxLimits, SandboxResult, available_isolations, detect_isolation, run_judged,
+                      run_python)
 
 __all__ = [
     "AUTO", "ISOLATIONS", "available_isolations", "DEFAULT_TIMEOUT", "DEFAULT_WORKERS", "REWARDS", "TASK_REWARDS", "RewardPool", "RewardResult",
     "SandboxLimits", "SandboxResult", "answers_equivalent", "build_program", "close_pool", "detect_isolation",
     "evaluate_arithmetic", "extract_answer", "extract_code", "get_pool", "get_reward", "last_boxed",
-    "register_reward", "resolve_terms", "reward_for_task", "run_code", "run_python", "score_batch",
+    "register_reward", "resolve_terms", "reward_for_task", "run_code", "run_judged", "run_python", "score_batch",
     "set_code_limits", "strings_equivalent", "strip_answer",
 ]

@@ -299,7 +299,7 @@ def score_batch(reward: RewardSpec, completions: Sequence[str], examples: Sequen
                 terms.append((i, weight, reward_name(fn), fn))
         except (KeyError, TypeError, ValueError) as err:
             if not isinstance(reward, str) or reward == "auto":
-                item_errors[i] = f"error: {type(err).__name__}: {err}"
+                item_errors[i] = f"error: {type(err).__name__}: {err}"[:500]
             else:
                 raise
     isolated = [k for k, t in enumerate(terms) if is_isolated(t[3])]

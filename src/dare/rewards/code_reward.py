@@ -1,9 +1,11 @@
-"""Code correctness (HumanEval, MBPP): run prefix + extracted code + tests in the sandbox.
+"""Code correctness (HumanEval, MBPP): the extracted code against the tests, judged outside the code's process.
 
 ``ground_truth = {"tests": str | list[str], "entry_point": str | None, "prefix": str}``:
-  * the program is ``prefix`` (e.g. HumanEval's prompt: imports, signature, docstring), then the
-    extracted code, then the tests; when the tests define ``check(candidate)`` and never call it,
-    ``check(<entry_point>)`` is appended (HumanEval's convention);
+  * the candidate program is ``prefix`` (e.g. HumanEval's prompt: imports, signature, docstring), then the
+    extracted code; the tests (plus ``check(<entry_point>)`` when they define ``check(candidate)`` and never
+    call it, HumanEval's convention) run in a separate judge process (``sandbox.run_judged``) that sees the
+    program's functions only through proxies returning data, so an object with a rigged ``__eq__`` or a forged
+    success signal cannot pass a test;
   * MBPP-style tests may be a list of ``assert`` lines (or that list JSON-encoded);
   * an optional ``timeout`` (seconds) lowers the sandbox's wall-clock limit for that example.
 
@@ -17,10 +19,11 @@ from __future__ import annotations
 import contextvars
 import json
 import re
+from dataclasses import dataclass
 from typing import Optional
 
 from .registry import ground_truth_dict, register_reward
-from .sandbox import ISOLATIONS, SandboxLimits, SandboxResult, run_python, with_timeout
+from .sandbox import ISOLATIONS, SandboxLimits, SandboxResult, run_judged, with_timeout
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PY_LANGS = {"", "python", "py", "python3", "py3"}
@@ -94,8 +97,17 @@ def infer_entry_point(tests: str) -> Optional[str]:
     return None
 
 
-def build_program(completion: str, gt: dict) -> str:
-    """The full program the sandbox runs for ``completion`` (exposed for debugging and tests)."""
+@dataclass(frozen=True)
+class CodeTask:
+    """What the sandbox runs for one completion: the candidate ``program`` (prefix + extracted code) and the trusted
+    ``tests`` (plus ``check(<entry_point>)`` when they define ``check`` without calling it)."""
+    program: str
+    tests: str
+    entry_point: Optional[str]
+    prefix: str
+
+
+def build_task(completion: str, gt: dict) -> CodeTask:
     tests = _tests_text(gt["tests"])
     entry_point = gt.get("entry_point") or None
     if entry_point is not None and not re.fullmatch(r"[A-Za-z_]\w*", str(entry_point)):
@@ -104,10 +116,15 @@ def build_program(completion: str, gt: dict) -> str:
     code = extract_code(completion, entry_point or infer_entry_point(tests))
     if prefix and not prefix.endswith("\n"):
         prefix += "\n"
-    parts = [prefix + code, tests]
     if entry_point and re.search(r"^def\s+check\s*\(", tests, re.MULTILINE) and not re.search(r"^check\s*\(", tests, re.MULTILINE):
-        parts.append(f"check({entry_point})")
-    return "\n\n".join(parts) + "\n"
+        tests = f"{tests.rstrip()}\n\n\ncheck({entry_point})\n"
+    return CodeTask(prefix + code + "\n", tests, entry_point, prefix)
+
+
+def build_program(completion: str, gt: dict) -> str:
+    """The candidate program and its tests as one file (what a single-process harness would run; for debugging)."""
+    task = build_task(completion, gt)
+    return f"{task.program}\n{task.tests}"
 
 
 def run_code(completion: str, example: dict) -> SandboxResult:
@@ -120,10 +137,11 @@ def run_code(completion: str, example: dict) -> SandboxResult:
         except (TypeError, ValueError):
             raise ValueError(f"code ground_truth['timeout'] must be a number of seconds, got {example_timeout!r}") from None
     limits = with_timeout(with_timeout(_limits, example_timeout), item_timeout.get())
-    return run_python(build_program(completion, gt), limits, _isolation)
+    task = build_task(completion, gt)
+    return run_judged(task.program, task.tests, task.entry_point, task.prefix, limits, _isolation)
 
 
 @register_reward("code", isolated=True)
 def code_reward(completion: str, example: dict) -> float:
-    """1.0 if the program (prefix + extracted code + tests) runs to completion, else 0.0."""
+    """1.0 if every test passes against the program (prefix + extracted code), judged outside its process."""
     return 1.0 if run_code(completion, example).passed else 0.0

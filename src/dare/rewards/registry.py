@@ -79,6 +79,25 @@ def get_reward(name: str) -> RewardFn:
         raise KeyError(f"unknown reward {name!r}; registered rewards: {known}") from None
 
 
+def check_reward_spec(spec: RewardSpec, where: str = "reward") -> None:
+    """A ``ValueError`` naming ``where`` for an unknown reward name or a weight that is not a finite number: recipes
+    call this at load time, before any model is built or rollout generated."""
+    import importlib
+    import math
+
+    importlib.import_module(__package__)  # registers the built-in rewards
+    names = sorted(REWARDS) + [AUTO]
+    items = spec.items() if isinstance(spec, Mapping) else [(spec, 1.0)]
+    for name, weight in items:
+        if isinstance(name, str) and name not in names:
+            import difflib
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{where}: unknown reward {name!r}.{hint} Registered: {', '.join(names)}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{where}: the weight of {name!r} must be a finite number, got {weight!r}")
+
+
 def reward_for_task(task: str) -> str:
     """Default reward name for a task (gsm8k/math/math500/aime -> math, humaneval/mbpp -> code, ...)."""
     try:

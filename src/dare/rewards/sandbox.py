@@ -21,14 +21,17 @@ ones that called ``setsid``) and delete files it left in world-writable director
 Without root and without namespaces (``none`` as an ordinary user) a program that deliberately
 signals or writes as that user is not contained: install bubblewrap.
 
-Success needs more than exit status 0: the bootstrap writes a random token (given on stdin, never in
-argv, environment or files) to a private pipe after the program finished, so ``os._exit(0)`` or
-``sys.exit(0)`` before the tests ran scores as a failure.
+``run_python`` passes a program that ran to its end: the bootstrap writes a random token (given on stdin, never
+in argv, environment or files) to a private pipe after the program, so ``os._exit(0)`` before the end fails. A
+program can still find that token in its own interpreter, so code rewards use ``run_judged`` instead: the model's
+program and the trusted tests run in two sandboxes (two uids as root, two pid namespaces under bwrap/unshare) and
+exchange data only; the verdict is the judge's, whose token the program cannot reach.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import logging
 import math
 import os
@@ -43,6 +46,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 log = logging.getLogger(__name__)
@@ -85,37 +89,15 @@ class SandboxResult:
         return f"failed (exit {self.returncode}): {lines[-1][:200] if lines else 'no output'}"
 
 
-# Runs inside the sandbox before the program. argv: token fd, then limits, then the program path.
-_BOOTSTRAP = r"""
-import os, resource, sys
-def _boot():
-    token = sys.stdin.buffer.readline().strip()
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    token_fd, mem, cpu, fsize, nofile, extra = (int(v) for v in sys.argv[1:7])
-    path = sys.argv[7]
-    uid, running = os.getuid(), 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                running += os.stat("/proc/" + name).st_uid == uid
-            except OSError:
-                pass
-    for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
-                       (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_NPROC, running + extra),
-                       (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(res, (value, value))
-    with open(path, encoding="utf-8") as f:
-        code = compile(f.read(), path, "exec")
-    sys.argv = [path]
-    namespace = sys.modules["__main__"].__dict__
-    del namespace["_boot"]
-    namespace["__file__"] = path
-    exec(code, namespace)
-    os.write(token_fd, token)
-_boot()
-"""
+def _child_source() -> str:
+    """The in-sandbox bootstrap (``sandbox_child.py``), passed with ``-c`` (no file the program could edit)."""
+    global _CHILD_SOURCE
+    if _CHILD_SOURCE is None:
+        _CHILD_SOURCE = Path(__file__).with_name("sandbox_child.py").read_text(encoding="utf-8")
+    return _CHILD_SOURCE
+
+
+_CHILD_SOURCE: Optional[str] = None
 
 
 def _minimal_env(workdir: str) -> dict[str, str]:
@@ -262,95 +244,160 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _run(source: str, limits: SandboxLimits, isolation: str, drop_uid: bool) -> SandboxResult:
-    start = time.monotonic()
-    python = _interpreter(drop_uid)
-    if python is None:
-        raise RuntimeError("no Python interpreter reachable by the sandbox uid (set DARE_SANDBOX_UID_BASE or run as non-root)")
-    token = secrets.token_hex(16).encode()
-    out_r = out_w = tok_r = tok_w = -1
-    proc = slot = workdir = None
-    try:
-        slot = _UidSlot() if drop_uid else None
+class _Launcher:
+    """Starts sandboxed children for one run and tears all of them down (processes, uid slots, run folders, our
+    pipe ends) on ``close``, whatever happened in between."""
+
+    def __init__(self, limits: SandboxLimits, isolation: str, drop_uid: bool):
+        self.limits, self.isolation, self.drop_uid = limits, isolation, drop_uid
+        self.python = _interpreter(drop_uid)
+        if self.python is None:
+            raise RuntimeError("no Python interpreter reachable by the sandbox uid (set DARE_SANDBOX_UID_BASE or run as non-root)")
+        self.procs: list[subprocess.Popen] = []
+        self.fds: list[int] = []
+        self.slots: list[_UidSlot] = []
+        self.workdirs: list[str] = []
+
+    def pipe(self) -> tuple[int, int]:
+        r, w = os.pipe()
+        self.fds += [r, w]
+        return r, w
+
+    def close_fd(self, fd: int) -> None:
+        if fd in self.fds:
+            self.fds.remove(fd)
+            os.close(fd)
+
+    def spawn(self, role: str, fd_args: list[int], stdin: bytes, program: Optional[str] = None) -> tuple[subprocess.Popen, int]:
+        """Start ``sandbox_child.py ROLE`` with ``fd_args`` (inherited) and the limits; returns (process, the read
+        end of its stdout+stderr). Each child gets its own run folder and, as root, its own uid."""
+        lim = self.limits
+        slot = _UidSlot() if self.drop_uid else None
+        if slot is not None:
+            self.slots.append(slot)
         workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
-        program = os.path.join(workdir, "program.py")
-        with open(program, "w", encoding="utf-8") as f:
-            f.write(source)
-        os.chmod(program, 0o644)
+        self.workdirs.append(workdir)
+        args = [str(fd) for fd in fd_args]
+        cpu = lim.cpu_seconds or int(math.ceil(lim.timeout)) + 1
+        args += [str(n) for n in (lim.memory_bytes, cpu, lim.file_bytes, lim.open_files, lim.max_processes)]
+        if program is not None:
+            path = os.path.join(workdir, "program.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(program)
+            os.chmod(path, 0o644)
+            args.append(path)
         if slot is not None:
             os.chown(workdir, slot.uid, slot.uid)
-        out_r, out_w = os.pipe()
-        tok_r, tok_w = os.pipe()
-        cpu = limits.cpu_seconds or int(math.ceil(limits.timeout)) + 1
-        numbers = [tok_w, limits.memory_bytes, cpu, limits.file_bytes, limits.open_files, limits.max_processes]
-        command = [python, "-I", "-S", "-c", _BOOTSTRAP] + [str(n) for n in numbers] + [program]
+        out_r, out_w = self.pipe()
         identity = {"user": slot.uid, "group": slot.uid, "extra_groups": []} if slot is not None else {}
-        proc = subprocess.Popen(_wrap(isolation, workdir, command), stdin=subprocess.PIPE, stdout=out_w,
-                                stderr=out_w, pass_fds=(tok_w,), cwd=workdir, env=_minimal_env(workdir),
-                                start_new_session=True, close_fds=True, **identity)
-        os.close(out_w)
-        os.close(tok_w)
-        out_w = tok_w = -1
+        command = [self.python, "-I", "-S", "-c", _child_source(), role] + args
+        proc = subprocess.Popen(_wrap(self.isolation, workdir, command), stdin=subprocess.PIPE, stdout=out_w, stderr=out_w,
+                                pass_fds=tuple(fd_args), cwd=workdir, env=_minimal_env(workdir), start_new_session=True,
+                                close_fds=True, **identity)
+        self.procs.append(proc)
+        self.close_fd(out_w)
         try:
-            proc.stdin.write(token + b"\n")
+            proc.stdin.write(stdin)
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        status, output, received = _collect(proc, out_r, tok_r, limits, start)
-        returncode = proc.wait()
-        passed = status == "done" and returncode == 0 and received == token
-        if status == "done":
-            status = "passed" if passed else "failed"
-        text = output.decode("utf-8", errors="replace")
-        return SandboxResult(passed, status, returncode, text, time.monotonic() - start, isolation)
-    finally:
-        if proc is not None:
+        return proc, out_r
+
+    def close(self) -> None:
+        for proc in self.procs:
             _kill_group(proc)
             if proc.poll() is None:
                 proc.wait()
-        for fd in (out_r, out_w, tok_r, tok_w):
-            if fd >= 0:
-                os.close(fd)
-        if slot is not None:
+        for fd in list(self.fds):
+            self.close_fd(fd)
+        for slot in self.slots:
             slot.release()
-        if workdir is not None:
+        for workdir in self.workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _collect(proc: subprocess.Popen, out_r: int, tok_r: int, limits: SandboxLimits,
-             start: float) -> tuple[str, bytes, bytes]:
-    """Read output and the success token until the program exits, the deadline passes or the output
-    cap is exceeded (then the process group is killed). Returns (status, output, token bytes)."""
+def _verdict(launcher: _Launcher, proc, streams: dict[int, str], token: bytes, start: float) -> SandboxResult:
+    """Wait for ``proc`` (the process whose success counts), collect ``streams`` and build the result: passed only
+    when it exited 0 after writing ``token`` on its private pipe (label ``"tok"``)."""
+    status, outputs = _collect(proc, streams, launcher.limits, start)
+    returncode = proc.wait()
+    passed = status == "done" and returncode == 0 and outputs.get("tok", b"") == token
+    if status == "done":
+        status = "passed" if passed else "failed"
+    text = b"".join(v for k, v in outputs.items() if k != "tok").decode("utf-8", errors="replace")
+    return SandboxResult(passed, status, returncode, text, time.monotonic() - start, launcher.isolation)
+
+
+def _run(source: str, limits: SandboxLimits, isolation: str, drop_uid: bool) -> SandboxResult:
+    """One program; passed = it ran to its end (the bootstrap writes the token after it)."""
+    start = time.monotonic()
+    launcher = _Launcher(limits, isolation, drop_uid)
+    try:
+        token = secrets.token_hex(16).encode()
+        tok_r, tok_w = launcher.pipe()
+        proc, out_r = launcher.spawn("run", [tok_w], token + b"\n", program=source)
+        launcher.close_fd(tok_w)
+        return _verdict(launcher, proc, {out_r: "out", tok_r: "tok"}, token, start)
+    finally:
+        launcher.close()
+
+
+def _run_judged(program: str, spec: dict, limits: SandboxLimits, isolation: str, drop_uid: bool) -> SandboxResult:
+    """The candidate ``program`` in one sandbox, the trusted tests (``spec``) in another; they talk through two
+    pipes, in data only. Passed = the judge ran every test and wrote its token, which the candidate cannot reach."""
+    start = time.monotonic()
+    launcher = _Launcher(limits, isolation, drop_uid)
+    try:
+        token = secrets.token_hex(16).encode()
+        req_r, req_w = launcher.pipe()
+        resp_r, resp_w = launcher.pipe()
+        tok_r, tok_w = launcher.pipe()
+        cand, cand_out = launcher.spawn("candidate", [req_r, resp_w], b"", program=program)
+        launcher.close_fd(req_r)
+        launcher.close_fd(resp_w)
+        judge, judge_out = launcher.spawn("judge", [tok_w, req_w, resp_r], token + b"\n" + json.dumps(spec).encode())
+        for fd in (tok_w, req_w, resp_r):
+            launcher.close_fd(fd)
+        return _verdict(launcher, judge, {cand_out: "candidate", judge_out: "judge", tok_r: "tok"}, token, start)
+    finally:
+        launcher.close()
+
+
+def _collect(proc: subprocess.Popen, streams: dict[int, str], limits: SandboxLimits,
+             start: float) -> tuple[str, dict[str, bytes]]:
+    """Read every stream (``{fd: label}``; ``"tok"`` is the token pipe, the others are output) until ``proc`` exits,
+    the deadline passes or the output cap is exceeded (then ``proc``'s process group is killed).
+    Returns (status, {label: bytes}) with labels in the order given."""
     deadline = start + limits.timeout
-    output, received = bytearray(), bytearray()
+    outputs = {label: bytearray() for label in streams.values()}
     sel = selectors.DefaultSelector()
-    sel.register(out_r, selectors.EVENT_READ, "out")
-    sel.register(tok_r, selectors.EVENT_READ, "tok")
+    for fd, label in streams.items():
+        sel.register(fd, selectors.EVENT_READ, label)
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:
             pidfd = os.pidfd_open(proc.pid)
-            sel.register(pidfd, selectors.EVENT_READ, "exit")
+            sel.register(pidfd, selectors.EVENT_READ, None)
         except OSError:
             pidfd = None
-    open_streams = 2
+    open_streams = len(streams)
     status = "done"
     try:
         exited = False
-        # Until the program exited and both pipes are drained (a program may close its pipes and
-        # keep running, so closed pipes alone do not end the wait).
+        # Until the process exited and the pipes are drained (a program may close its pipes and keep running, so
+        # closed pipes alone do not end the wait).
         while open_streams or not exited:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 status = "timeout"
                 break
-            # After the program exited, its orphans (fallback mode) may keep the pipes open: only
-            # drain what is already buffered.
+            # After it exited, orphans (fallback mode) or a still-running partner may keep pipes open: only drain
+            # what is already buffered.
             events = sel.select(0 if exited else min(remaining, 0.05 if pidfd is None else remaining))
             if not events and exited:
                 break
             for key, _ in events:
-                if key.data == "exit":
+                if key.data is None:
                     sel.unregister(pidfd)
                     exited = True
                     continue
@@ -359,12 +406,13 @@ def _collect(proc: subprocess.Popen, out_r: int, tok_r: int, limits: SandboxLimi
                     sel.unregister(key.fd)
                     open_streams -= 1
                 elif key.data == "tok":
-                    received += chunk[: 64 - len(received)]
+                    outputs["tok"] += chunk[: 64 - len(outputs["tok"])]
                 else:
-                    output += chunk
-                    if len(output) > limits.max_output:
+                    outputs[key.data] += chunk
+                    excess = sum(len(v) for k, v in outputs.items() if k != "tok") - limits.max_output
+                    if excess > 0:
                         status = "output_limit"
-                        del output[limits.max_output:]
+                        del outputs[key.data][len(outputs[key.data]) - excess:]
                         break
             if status != "done":
                 break
@@ -376,7 +424,7 @@ def _collect(proc: subprocess.Popen, out_r: int, tok_r: int, limits: SandboxLimi
         sel.close()
         if pidfd is not None:
             os.close(pidfd)
-    return status, bytes(output), bytes(received)
+    return status, {k: bytes(v) for k, v in outputs.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,19 +488,42 @@ def available_isolations() -> list[str]:
         return list(_probed["available"])  # type: ignore[arg-type]
 
 
-def run_python(source: str, limits: SandboxLimits = SandboxLimits(), isolation: Optional[str] = None) -> SandboxResult:
-    """Run ``source`` as a program in the sandbox. ``isolation=None`` uses the probed best mode;
-    naming a mode forces it (tests use ``"none"`` to exercise the fallback)."""
+def _mode(isolation: Optional[str]) -> tuple[str, bool]:
     mode, drop = detect_isolation()
     if isolation is not None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"unknown sandbox isolation {isolation!r}; expected one of {ISOLATIONS}")
         mode = isolation
+    return mode, drop
+
+
+def _guarded(run, mode: str) -> SandboxResult:
     try:
-        return _run(source, limits, mode, drop)
+        return run()
     except OSError as err:  # e.g. fork failure under memory pressure: a failed run, not a crash
         log.warning("sandbox run failed to start: %s", err)
         return SandboxResult(False, "error", None, f"{type(err).__name__}: {err}", 0.0, mode)
+
+
+def run_python(source: str, limits: SandboxLimits = SandboxLimits(), isolation: Optional[str] = None) -> SandboxResult:
+    """Run ``source`` as a program in the sandbox; ``passed`` = it ran to its end with status 0. ``isolation=None``
+    uses the probed best mode; naming a mode forces it (tests use ``"none"`` to exercise the fallback).
+
+    The verdict comes from the program's own process, so a program that introspects the interpreter can fake it:
+    use ``run_judged`` to score code against tests."""
+    mode, drop = _mode(isolation)
+    return _guarded(lambda: _run(source, limits, mode, drop), mode)
+
+
+def run_judged(program: str, tests: str, entry_point: Optional[str] = None, prefix: str = "",
+               limits: SandboxLimits = SandboxLimits(), isolation: Optional[str] = None) -> SandboxResult:
+    """Score ``program`` against ``tests`` without trusting anything it does: the program runs alone in one sandbox;
+    ``prefix`` (trusted task code, e.g. HumanEval's prompt) and ``tests`` run in a second one, the *judge*, where
+    every name the tests take from the program is a proxy whose calls and results cross as data (exact builtin
+    types, see ``sandbox_child``). ``passed`` = the judge ran every test; its proof never enters the program's process."""
+    mode, drop = _mode(isolation)
+    spec = {"tests": tests, "entry_point": entry_point, "prefix": prefix}
+    return _guarded(lambda: _run_judged(program, spec, limits, mode, drop), mode)
 
 
 def with_timeout(limits: SandboxLimits, timeout: Optional[float]) -> SandboxLimits:

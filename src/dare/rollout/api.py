@@ -109,7 +109,8 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
     """Decode ``n`` samples of every prompt (token-id lists, or a padded tensor + ``attention_mask``).
 
     Sample j of prompt i draws from its own generator seeded by (seeds[i] or a seed derived from
-    ``generator``, j), so equal seeds give equal rollouts whatever else is in the batch.
+    ``generator``, j), so nothing about a sample's decoding depends on the other rows; only the float rounding of
+    the batched forward does (docs/samplers.md: what is bitwise reproducible and what is not).
     """
     config = config or SamplerConfig()
     if n < 1:

@@ -7,8 +7,12 @@ masked models) happen in ``dare.rollout.generate``.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Optional
+
+log = logging.getLogger(__name__)
+_SAID: set = set()  # (steps, gen_length) pairs already reported, so a config copied per batch is reported once
 
 REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin", "static", "dynamic", "sequential")
 CACHES = ("none", "prefix", "dual", "block")
@@ -108,6 +112,10 @@ class SamplerConfig:
             raise ValueError("set only one of threshold (confidence-threshold decoding) or factor (factor decoding)")
         if self.remasking == "dynamic" and self.threshold is None:
             raise ValueError("remasking='dynamic' needs a threshold")
+        if self.steps is not None and self.steps > self.gen_length and (self.steps, self.gen_length) not in _SAID:
+            _SAID.add((self.steps, self.gen_length))
+            log.warning("sampler steps=%d > gen_length=%d: every step commits at least one token, so decoding takes at "
+                        "most %d steps", self.steps, self.gen_length, self.gen_length)
         if self.remasking in ("static", "sequential") and (self.threshold is not None or self.factor is not None):
             raise ValueError(f"remasking={self.remasking!r} commits a fixed number of tokens per step; "
                              f"threshold/factor need remasking='dynamic' or 'low_confidence'")

@@ -1,14 +1,21 @@
 """Atomic, resumable checkpoints: model + optimizer (DTensor-aware, torch.distributed.checkpoint), scheduler,
 RNG states, step and data position.
 
-A checkpoint is written to ``checkpoints/.tmp-step-N``; the last file written is ``COMPLETE``, then the folder is
-renamed to ``checkpoints/step-N`` (a rename is atomic on POSIX). A run killed at any moment leaves either a
-complete ``step-N`` or a ``.tmp-*`` folder that is never loaded (and is removed by the next save). The data
+A checkpoint is written to ``checkpoints/.tmp-step-N``; then ``manifest.json`` (size and sha256 of every file, so
+``sha256sum`` can check it too), then ``COMPLETE``, then the folder is renamed to ``checkpoints/step-N`` (a rename is
+atomic on POSIX). A run killed at any moment leaves either a complete ``step-N`` or a ``.tmp-*`` folder that is never
+loaded (and is removed by the next save, or at once when the save itself fails, e.g. on a full disk). The data
 position is the step number (the sampler is a pure function of the step), and every random draw in training is
 keyed by (seed, step, ...), so a resumed run continues bit for bit.
+
+Resuming verifies the manifest first: a truncated or bit-flipped file is named, and ``resume: auto`` falls back to
+the newest intact checkpoint with a warning naming what it skipped. Weights that load but are not finite are an
+error naming the tensor.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +32,7 @@ from .distributed import DistEnv
 log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
+MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -61,6 +69,49 @@ def _root_cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _payload(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (COMPLETE, MANIFEST))
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    files = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _payload(folder)}
+    _write_text(folder / MANIFEST, json.dumps({"step": step, "files": files}, indent=1))
+
+
+def verify(folder: Path) -> Optional[str]:
+    """None when ``folder`` is a complete checkpoint whose files match its manifest, else what is wrong (one line).
+    A checkpoint written before manifests existed is accepted unverified (logged)."""
+    folder = Path(folder)
+    if not (folder / COMPLETE).exists():
+        return f"incomplete (no {COMPLETE} marker)"
+    if not (folder / MANIFEST).exists():
+        log.warning("%s has no %s (written by an older dare); resuming from it unverified", folder, MANIFEST)
+        return None
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} unreadable ({type(e).__name__})"
+    for name, want in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want.get("bytes"):
+            return f"{name} has {size} bytes, the manifest says {want.get('bytes')} (truncated or overwritten)"
+        if _sha256(path) != want.get("sha256"):
+            return f"{name} does not match its sha256 in {MANIFEST} (corrupted)"
+    unknown = [p.relative_to(folder).as_posix() for p in _payload(folder) if p.relative_to(folder).as_posix() not in files]
+    return f"{unknown[0]} is not in {MANIFEST}" if unknown else None
+
+
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``root`` (``step-N`` folders holding the COMPLETE marker), oldest first."""
     out = []
@@ -78,6 +129,32 @@ def _state_options():
     return StateDictOptions(ignore_frozen_params=True)
 
 
+def _os_error(e: BaseException) -> Optional[OSError]:
+    """The OSError behind ``e`` (DCP wraps a rank's write error in its own exception), if any."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, OSError):
+            return e
+        failures = getattr(e, "failures", None)
+        if failures:
+            inner = next(iter(failures.values()))
+            e = inner[0] if isinstance(inner, tuple) else inner
+        else:
+            e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+def _check_finite(path: Path, state: dict) -> None:
+    """Loaded weights must be finite: a NaN here would only show up many steps later as a diverged run."""
+    for section in ("model", "reference"):
+        for name, t in (state.get(section) or {}).items():
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if isinstance(local, torch.Tensor) and local.is_floating_point() and not bool(torch.isfinite(local).all()):
+                raise CheckpointError(f"{path}: tensor {section}.{name} holds non-finite values (NaN/inf); resume from "
+                                      f"an earlier checkpoint (train.resume=<folder>) or start over")
+
+
 class CheckpointManager:
     def __init__(self, run_dir: Path, env: DistEnv, keep: int = 2):
         self.root = Path(run_dir) / "checkpoints"
@@ -87,24 +164,57 @@ class CheckpointManager:
         found = list_checkpoints(self.root)
         return found[-1][1] if found else None
 
+    def latest_intact(self) -> Optional[Path]:
+        return next((p for _, p in reversed(list_checkpoints(self.root)) if verify(p) is None), None)
+
     def resolve(self, resume: str) -> Optional[Path]:
-        """``auto`` (latest complete or None), ``never``, or an explicit checkpoint folder."""
+        """``auto`` (the newest intact checkpoint, or None), ``never``, or an explicit checkpoint folder (which must be
+        intact). Damaged checkpoints that ``auto`` passes over are named in a warning."""
         if resume == "never":
             return None
-        if resume == "auto":
-            return self.latest()
-        path = Path(resume)
-        if not (path / COMPLETE).exists():
-            raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker)")
-        return path
+        if resume != "auto":
+            path = Path(resume)
+            if not (path / COMPLETE).exists():
+                raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker)")
+            problem = verify(path)
+            if problem:
+                raise CheckpointError(f"train.resume={resume}: damaged checkpoint: {problem}")
+            return path
+        skipped = []
+        for _, path in reversed(list_checkpoints(self.root)):
+            problem = verify(path)
+            if problem is None:
+                if skipped:
+                    log.warning("resuming from %s: skipped damaged checkpoint(s) %s", path.name, "; ".join(skipped))
+                return path
+            skipped.append(f"{path.name}: {problem}")
+        if skipped:
+            raise CheckpointError(f"{self.root}: no intact checkpoint to resume from ({'; '.join(skipped)}); start over "
+                                  f"with train.resume=never in a new train.output_dir")
+        return None
 
     # --- save ---------------------------------------------------------------------------------------------
     def save(self, step: int, model, optimizer, trainer_state: dict, reference=None) -> Path:
+        final = self.root / f"step-{step}"
+        tmp = self.root / f".tmp-step-{step}"
+        try:
+            self._write(step, tmp, final, model, optimizer, trainer_state, reference)
+        except BaseException as e:
+            if self.env.is_main:  # never leave a half-written .tmp-* behind (a full disk stays full otherwise)
+                shutil.rmtree(tmp, ignore_errors=True)
+            cause = _os_error(e)
+            if cause is not None:
+                reason = os.strerror(cause.errno) if cause.errno else str(cause)
+                hint = " (free some space, or lower train.keep_checkpoints)" if cause.errno == errno.ENOSPC else ""
+                raise CheckpointError(f"cannot write checkpoint step-{step} in {self.root}: {reason}{hint}; the "
+                                      f"previous checkpoint {self.latest() or '(none)'} is intact") from e
+            raise
+        return final
+
+    def _write(self, step: int, tmp: Path, final: Path, model, optimizer, trainer_state: dict, reference) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-        final = self.root / f"step-{step}"
-        tmp = self.root / f".tmp-step-{step}"
         if self.env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".tmp-*"):  # left by a killed run; never loadable
@@ -125,6 +235,7 @@ class CheckpointManager:
         self.env.barrier()
         if self.env.is_main:
             _write_text(tmp / "trainer_state.json", json.dumps(trainer_state, indent=2, default=str))
+            write_manifest(tmp, step)
             _write_text(tmp / COMPLETE, f"step {step}\n")
             _fsync_dir(tmp)
             if final.exists():
@@ -134,9 +245,15 @@ class CheckpointManager:
             for old_step, old in list_checkpoints(self.root)[:-self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         self.env.barrier()
-        return final
 
     # --- load ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def read_state(path: Path) -> dict[str, Any]:
+        try:
+            return json.loads((Path(path) / "trainer_state.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}/trainer_state.json: unreadable: {e}") from e
+
     def load(self, path: Path, model, optimizer, reference=None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
@@ -146,10 +263,7 @@ class CheckpointManager:
         path = Path(path)
         if not (path / COMPLETE).exists():
             raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE} marker); refusing to load it")
-        try:
-            trainer_state = json.loads((path / "trainer_state.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}/trainer_state.json: unreadable: {e}") from e
+        trainer_state = self.read_state(path)
         model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
         state = {"model": model_sd, "optim": optim_sd}
         if reference is not None:
@@ -161,14 +275,19 @@ class CheckpointManager:
         except (Exception, CheckpointException) as e:  # shape/key mismatch: another model or config (DCP's is a BaseException)
             raise CheckpointError(f"{path}: cannot load into this model/optimizer ({_root_cause(e)}); "
                                   f"was it written by a different recipe?") from e
+        _check_finite(path, state)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=_state_options())
         if reference is not None:
             set_model_state_dict(reference, state["reference"])
         rng_file = path / f"rng-rank{self.env.rank}.pt"
         if rng_file.exists():
-            rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"])
+            try:
+                rng = torch.load(rng_file, weights_only=False)
+                torch.set_rng_state(rng["torch"])
+                if "cuda" in rng and torch.cuda.is_available():
+                    torch.cuda.set_rng_state(rng["cuda"])
+            except Exception as e:  # truncated / corrupted pickle: name the file, not a pickle traceback
+                raise CheckpointError(f"{rng_file}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                                      f"the checkpoint is damaged") from e
         return trainer_state

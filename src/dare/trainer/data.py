@@ -19,6 +19,7 @@ import torch
 
 from ..algorithms.base import Batch
 from ..data.readers import read_records
+from ..config.core import clip, shown
 from ..data.schema import BadRowPolicy, DataError
 from ..diffusion.noise import STREAM_DATA, keyed_generator
 
@@ -52,12 +53,12 @@ def _field(rec, *names):
     for n in names:
         if n in rec.data:
             return rec.data[n]
-    raise DataError(f"{rec.loc}: missing field {names[0]!r} (row keys: {', '.join(sorted(rec.data))})")
+    raise DataError(f"{rec.loc}: missing field {names[0]!r} (row keys: {clip(', '.join(sorted(map(str, rec.data))), 300)})")
 
 
 def _text(rec, value, name: str) -> str:
     if not isinstance(value, str):
-        raise DataError(f"{rec.loc}: field {name!r} must be a string, got {type(value).__name__} {value!r:.60}")
+        raise DataError(f"{rec.loc}: field {name!r} must be a string, got {type(value).__name__} {shown(value)}")
     if not value.strip():
         raise DataError(f"{rec.loc}: field {name!r} is empty")
     return value
@@ -82,10 +83,10 @@ def _answer_ids(tokenizer, text: str, eos: int, pad_to: Optional[int], loc: str)
     return ids
 
 
-def _sft_texts(data_cfg, tokenizer):
+def _sft_texts(data_cfg, tokenizer, policy: BadRowPolicy):
     """(location, prompt ids, answer text) for every row of the configured source."""
     if data_cfg.pairs:
-        for rec in read_records(data_cfg.pairs):
+        for rec in read_records(data_cfg.pairs, policy.handle):
             def parse(rec=rec):
                 prompt = _text(rec, _field(rec, "prompt", "question", "instruction"), "prompt")
                 answer = _text(rec, _field(rec, "response", "completion", "answer", "output"), "response")
@@ -119,7 +120,7 @@ def load_sft_docs(data_cfg, tokenizer) -> list[SFTDoc]:
     eos = tokenizer.eos_token_id
     policy = BadRowPolicy(data_cfg.on_bad_row, what="SFT row")
     docs: list[SFTDoc] = []
-    for parse in _sft_texts(data_cfg, tokenizer):
+    for parse in _sft_texts(data_cfg, tokenizer, policy):
         try:
             loc, prompt, answer_text = parse()
             if not prompt:
@@ -145,7 +146,7 @@ def load_preference_pairs(data_cfg, tokenizer) -> list[PreferencePair]:
     eos = tokenizer.eos_token_id
     policy = BadRowPolicy(data_cfg.on_bad_row, what="preference row")
     out: list[PreferencePair] = []
-    for rec in read_records(data_cfg.pairs):
+    for rec in read_records(data_cfg.pairs, policy.handle):
         try:
             prompt = encode_chat_prompt(tokenizer, _text(rec, _field(rec, "prompt"), "prompt"), data_cfg.chat_template)
             chosen = _answer_ids(tokenizer, _text(rec, _field(rec, "chosen"), "chosen"), eos, None, rec.loc)

@@ -28,13 +28,14 @@ from ..algorithms.base import StepContext, build_algorithm
 from ..config.core import to_dict
 from ..models.lora import apply_lora
 from . import stages
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointError, CheckpointManager
 from .data import PreferenceSource, SFTSource, load_preference_pairs, load_sft_docs
 from .distributed import DistEnv, set_grad_sync, shard_model
 from .logs import MetricsLogger
 from .model_setup import export_pretrained, load_policy
 from .optim import build_optimizer, build_scheduler, grad_norm_and_clip
 from .reference import CopyReference, build_reference
+from .run_folder import RecipeChanged, RunFolderBusy, RunLock, check_resume, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +44,30 @@ class TrainingError(RuntimeError):
     """Training cannot continue (e.g. too many non-finite steps); the message says what to change."""
 
 
-def _sft_source(recipe, tokenizer, env):
+def _check_max_length(recipe, model) -> None:
+    from ..data.prompts import PromptBudget
+    budget = PromptBudget.for_model(model, 0)
+    if budget is not None and recipe.data.max_length > budget.tokens:
+        raise ValueError(f"data.max_length={recipe.data.max_length} exceeds the model's {budget.tokens} positions")
+
+
+def _sft_source(recipe, tokenizer, env, model):
+    _check_max_length(recipe, model)
     docs = load_sft_docs(recipe.data, tokenizer)
     return SFTSource(docs, recipe.data, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.rank, env.world_size)
 
 
-def _preference_source(recipe, tokenizer, env):
+def _preference_source(recipe, tokenizer, env, model):
+    _check_max_length(recipe, model)
     pairs = load_preference_pairs(recipe.data, tokenizer)
     return PreferenceSource(pairs, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.rank, env.world_size)
 
 
-def _prompt_source(recipe, tokenizer, env):
+def _prompt_source(recipe, tokenizer, env, model):
+    from ..data.prompts import PromptBudget
     from .rl import PromptSource
-    return PromptSource.from_recipe(recipe, tokenizer, env)
+    budget = PromptBudget.for_model(model, recipe.rollout.sampler.gen_length, "rollout.sampler.gen_length")
+    return PromptSource.from_recipe(recipe, tokenizer, env, budget)
 
 
 # Data sources by the algorithm's declared ``data_kind``.
@@ -67,6 +79,17 @@ class Trainer:
         self.recipe = recipe
         self.env = env or DistEnv.from_env(recipe.distributed.backend)
         self.run_dir = Path(recipe.train.output_dir)
+        self.ckpt = CheckpointManager(self.run_dir, self.env, recipe.train.keep_checkpoints)
+        self.lock = RunLock(self.run_dir, "dare train")
+        try:
+            self._resume_from = self._claim_run_folder()  # before any model loads: a wrong folder fails at once
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        recipe = self.recipe
         self.algo = build_algorithm(recipe.algorithm)
         model, self.tokenizer = load_policy(recipe.model)
         self.algo.check_model(model.adapter)  # fail before any rollout when the method is undefined for this family
@@ -101,12 +124,11 @@ class Trainer:
         kind = self.algo.data_kind
         if kind not in DATA_SOURCES:
             raise ValueError(f"algorithm {self.algo.name!r} declares data_kind {kind!r}; known: {', '.join(DATA_SOURCES)}")
-        self.source = DATA_SOURCES[kind](recipe, self.tokenizer, self.env)
+        self.source = DATA_SOURCES[kind](recipe, self.tokenizer, self.env, model)
         self.rollout = None
         if self.algo.uses_rollout:
             from .rl import RolloutStage
             self.rollout = RolloutStage(recipe, self.tokenizer, self.env)
-        self.ckpt = CheckpointManager(self.run_dir, self.env, recipe.train.keep_checkpoints)
         lg = recipe.logging
         self.logger = MetricsLogger(self.run_dir, self.env.is_main, lg.tensorboard, lg.wandb, lg.wandb_project, to_dict(recipe))
         self.start_step, self.bad_steps = 0, 0
@@ -117,12 +139,37 @@ class Trainer:
         sync_every = self.algo.reference_sync[0]
         return self.reference.module if isinstance(self.reference, CopyReference) and sync_every else None
 
+    def _claim_run_folder(self) -> Optional[Path]:
+        """Lock the run folder and pick the checkpoint to resume (verified, with the recipe's fingerprint checked).
+        Rank 0 decides; every rank gets the same answer (or the same error)."""
+        decision: tuple = ("ok", None)
+        if self.env.is_main:
+            try:
+                self.lock.acquire()
+                path = self.ckpt.resolve(self.recipe.train.resume)
+                if path is None and self.recipe.train.resume == "never" and self.ckpt.latest() is not None:
+                    raise ValueError(f"train.resume=never, but {self.ckpt.root} holds checkpoints of an earlier run; use "
+                                     f"a new train.output_dir (or delete them, or resume with train.resume=auto)")
+                if path is not None:
+                    state = self.ckpt.read_state(path)
+                    changes = check_resume(self.recipe, state, path)
+                    if changes:
+                        log.warning("resuming %s with a changed recipe (train.allow_recipe_change=true): %s",
+                                    path, "; ".join(changes))
+                decision = ("ok", str(path) if path is not None else None)
+            except ValueError as e:
+                decision = ("error", type(e).__name__, str(e))
+            except OSError as e:
+                decision = ("error", "ValueError", f"run folder {self.run_dir}: {e}")
+        decision = self.env.broadcast_object(decision)
+        if decision[0] == "error":
+            errors = {c.__name__: c for c in (CheckpointError, RecipeChanged, RunFolderBusy)}
+            raise errors.get(decision[1], ValueError)(decision[2])
+        return Path(decision[1]) if decision[1] is not None else None
+
     def _resume(self) -> None:
-        path = self.ckpt.resolve(self.recipe.train.resume)
+        path = self._resume_from
         if path is None:
-            if self.recipe.train.resume == "never" and self.ckpt.latest() is not None:
-                raise ValueError(f"train.resume=never, but {self.ckpt.root} holds checkpoints of an earlier run; use a "
-                                 f"new train.output_dir (or delete them, or resume with train.resume=auto)")
             if self.env.is_main:
                 self.logger.truncate_after(0)
             return
@@ -131,6 +178,10 @@ class Trainer:
         self.start_step, self.bad_steps = int(state["step"]), int(state.get("bad_steps", 0))
         self.logger.truncate_after(self.start_step)
         log.info("resumed from %s at step %d", path, self.start_step)
+
+    def close(self) -> None:
+        """Release the run folder (the end of ``run`` does it; a process that dies releases it too)."""
+        self.lock.release()
 
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
@@ -191,7 +242,7 @@ class Trainer:
         if self.bad_steps > limit:
             raise TrainingError(f"aborting at step {step + 1}: {self.bad_steps} non-finite losses/gradients "
                                 f"(train.max_bad_steps={limit}). Lower optim.lr, enable optim.grad_clip, or use a "
-                                f"higher-precision model.dtype; the last good checkpoint is {self.ckpt.latest()}")
+                                f"higher-precision model.dtype; the last intact checkpoint is {self.ckpt.latest_intact()}")
         return grad_norm, False
 
     # --- checkpoints, eval ----------------------------------------------------------------------------------
@@ -208,7 +259,7 @@ class Trainer:
         if not self._params_finite():  # never persist a NaN state
             raise TrainingError(f"step {steps_done}: parameters are not finite; refusing to write a checkpoint")
         state = {"step": steps_done, "scheduler": self.scheduler.state_dict(), "bad_steps": self.bad_steps,
-                 "recipe": to_dict(self.recipe)}
+                 "recipe": to_dict(self.recipe), "fingerprint": fingerprint(self.recipe)}
         path = self.ckpt.save(steps_done, self.model, self.optimizer, state, self._ref_module())
         if self.recipe.logging.plot:
             self.logger.plot()
@@ -267,4 +318,5 @@ class Trainer:
         finally:
             bar.close()
             self.logger.close()
+            self.close()
         return history

@@ -3,7 +3,8 @@
 Each rank takes whole prompts of the step's global batch (round-robin) and generates all ``group_size`` completions
 of each itself, so group statistics (advantages, the zero-variance filter) never cross ranks. Every random draw is
 keyed: prompt j of step s is sampled with seed ``hash(run seed, "rollout", s, j)`` (the rollout engine derives the
-per-completion generators from it), so a sample does not depend on the rank or batch it lands in, and a resumed run
+per-completion generators from it), so a sample's random draws do not depend on the rank or batch it lands in
+(its float rounding does: docs/samplers.md), and a resumed run
 regenerates exactly the rollouts it would have. Rewards come from ``dare.rewards.score_batch`` on the decoded
 completions (each example's task default unless ``reward.name`` is set).
 """
@@ -32,12 +33,13 @@ class PromptSource:
         self.sampler = EpochSampler(len(prompted), batch_size, seed)
 
     @classmethod
-    def from_recipe(cls, recipe, tokenizer, env) -> "PromptSource":
+    def from_recipe(cls, recipe, tokenizer, env, budget=None) -> "PromptSource":
+        """``budget`` (``dare.data.prompts.PromptBudget``): prompts too long for the model follow ``on_bad_row``."""
         from ..data import build_prompts, load_examples
         ds = recipe.data.dataset
         if ds is None:
             raise ValueError("RL needs data.dataset: a dare.data source of prompts (name/path/hf, template, ...)")
-        prompted = build_prompts(load_examples(ds), tokenizer, ds)
+        prompted = build_prompts(load_examples(ds), tokenizer, ds, budget)
         if not prompted:
             raise ValueError(f"data.dataset {ds.describe()}: no usable prompts")
         return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.rank, env.world_size)
@@ -96,7 +98,11 @@ class RolloutStage:
     def score(self, completions: list[str], examples: list[dict]) -> torch.Tensor:
         from ..rewards import score_batch
         rc = self.recipe.reward
-        results = score_batch(rc.name or "auto", completions, examples, timeout=rc.timeout, workers=rc.workers)
+        results = score_batch(rc.spec, completions, examples, timeout=rc.timeout, workers=rc.workers)
+        if results and all(r.reason is not None and "error:" in r.reason for r in results):
+            # A reward that cannot score any completion (e.g. reward.name=math on sudoku rows) would train on zeros.
+            raise ValueError(f"reward {rc.spec!r} failed on all {len(results)} completions of this step, e.g. "
+                             f"{results[0].reason}; check reward.name / reward.weights against the data's task")
         return torch.tensor([r.score for r in results], dtype=torch.float32)
 
     def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:

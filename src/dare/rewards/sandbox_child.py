@@ -1,0 +1,482 @@
+"""The code that runs *inside* the sandbox: ``python -I -S -c <this file's source> ROLE ARGS...``.
+
+It is an ordinary module too (the parent imports the wire codec from it, and tests exercise it), but it must stay
+runnable by a bare interpreter: standard library only, Python 3.8+ (a dropped uid may get the system python3).
+
+Roles (limits are ``mem cpu fsize nofile extra_procs``):
+
+``run``        ``token_fd LIMITS program``: run one program; its own file holds everything (``run_python``).
+``candidate``  ``req_fd resp_fd LIMITS program``: run the model's program (prefix + extracted code, *no tests*),
+               then serve calls into it: every request and every answer is a frame of data (see below).
+``judge``      ``token_fd req_fd resp_fd LIMITS``; stdin: the token line, then the JSON spec ``{prefix, tests,
+               entry_point}``. Runs trusted code only: the task's prefix and tests, with every name the tests take
+               from the candidate bound to a proxy that calls across the boundary and gets data back.
+
+Wire format: a frame is a 4-byte big-endian length and a JSON document; values are tagged trees (``encode_value``)
+that ``decode_value`` turns into *fresh* objects of exact builtin (and a few standard-library value) types. A value
+of any other type stays in the candidate and crosses as a handle, which the judge can only pass back, iterate,
+measure, print, test for truth or call, each answer again as data. Nothing the candidate sends can run code in the
+judge, and nothing in the judge (its token, its files, its memory) is reachable from the candidate's process.
+"""
+import json
+import os
+import sys
+
+MAX_FRAME = 16 << 20  # bytes of one JSON frame the judge accepts from the candidate
+MAX_DEPTH = 100  # nesting of encoded values
+
+
+class WireError(ValueError):
+    """A frame or value that is not valid data (the judge treats it as a failed call)."""
+
+
+# ------------------------------------------------------------------------------------------------ values
+def _stdlib_value_types():
+    import collections
+    import decimal
+    import fractions
+    return collections, decimal.Decimal, fractions.Fraction
+
+
+def _pairs(items, handles, depth):
+    return [[encode_value(k, handles, depth), encode_value(v, handles, depth)] for k, v in items]
+
+
+def encode_value(value, handles=None, depth=0):
+    """A tagged JSON tree for ``value``. Exact types only (a subclass of int or list is not data): anything else
+    becomes a handle registered in ``handles`` (``{id: object}``), or raises WireError when ``handles`` is None."""
+    if depth > MAX_DEPTH:
+        raise WireError(f"value nested deeper than {MAX_DEPTH}")
+    depth += 1
+    t = type(value)
+    if value is None:
+        return ["N"]
+    if t is bool:
+        return ["b", value]
+    if t is int:
+        return ["i", format(value, "x")]
+    if t is float:
+        return ["f", value.hex()]
+    if t is complex:
+        return ["c", value.real.hex(), value.imag.hex()]
+    if t is str:
+        return ["s", value]
+    if t is bytes or t is bytearray:
+        return ["y" if t is bytes else "Y", value.hex()]
+    if t is list or t is tuple or t is set or t is frozenset:
+        tag = {list: "l", tuple: "t", set: "S", frozenset: "Z"}[t]
+        return [tag, [encode_value(v, handles, depth) for v in value]]
+    if t is dict:
+        return ["d", _pairs(value.items(), handles, depth)]
+    if t is range:
+        return ["r", format(value.start, "x"), format(value.stop, "x"), format(value.step, "x")]
+    collections, Decimal, Fraction = _stdlib_value_types()
+    if t is Fraction:
+        return ["q", format(value.numerator, "x"), format(value.denominator, "x")]
+    if t is Decimal:
+        return ["D", str(value)]
+    if t is collections.OrderedDict or t is collections.Counter or t is collections.defaultdict:
+        tag = {collections.OrderedDict: "o", collections.Counter: "C", collections.defaultdict: "e"}[t]
+        return [tag, _pairs(value.items(), handles, depth)]
+    if t is collections.deque:
+        return ["Q", [encode_value(v, handles, depth) for v in value]]
+    if handles is None:
+        raise WireError(f"a {t.__name__} is not data")
+    key = len(handles)
+    handles[key] = value
+    return ["h", key]
+
+
+def _int(text):
+    if type(text) is not str or not text or len(text) > MAX_FRAME:
+        raise WireError("bad int")
+    body = text[1:] if text[0] == "-" else text
+    if not body or any(c not in "0123456789abcdef" for c in body):
+        raise WireError("bad int")
+    return int(text, 16)
+
+
+def _float(text):
+    if type(text) is not str:
+        raise WireError("bad float")
+    try:
+        return float.fromhex(text)
+    except (ValueError, OverflowError):
+        raise WireError("bad float") from None
+
+
+def _list(tree):
+    if type(tree) is not list:
+        raise WireError("bad container")
+    return tree
+
+
+def decode_value(tree, resolve=None, depth=0):
+    """The value a tagged tree describes, built from scratch: only exact builtin types (and Fraction, Decimal,
+    OrderedDict, Counter, defaultdict without factory, deque). ``resolve(key)`` maps a handle; None = no handles."""
+    if depth > MAX_DEPTH:
+        raise WireError(f"value nested deeper than {MAX_DEPTH}")
+    depth += 1
+    if type(tree) is not list or not tree or type(tree[0]) is not str:
+        raise WireError("not a tagged value")
+    tag, args = tree[0], tree[1:]
+    try:
+        if tag == "N" and not args:
+            return None
+        if tag == "b" and len(args) == 1 and (args[0] is True or args[0] is False):
+            return bool(args[0])
+        if tag == "i" and len(args) == 1:
+            return _int(args[0])
+        if tag == "f" and len(args) == 1:
+            return _float(args[0])
+        if tag == "c" and len(args) == 2:
+            return complex(_float(args[0]), _float(args[1]))
+        if tag == "s" and len(args) == 1 and type(args[0]) is str:
+            return str(args[0])
+        if tag in ("y", "Y") and len(args) == 1 and type(args[0]) is str:
+            raw = bytes.fromhex(args[0])
+            return raw if tag == "y" else bytearray(raw)
+        if tag in ("l", "t", "S", "Z", "Q") and len(args) == 1:
+            items = [decode_value(v, resolve, depth) for v in _list(args[0])]
+            if tag == "Q":
+                return _stdlib_value_types()[0].deque(items)
+            return {"l": list, "t": tuple, "S": set, "Z": frozenset}[tag](items)
+        if tag in ("d", "o", "C", "e") and len(args) == 1:
+            pairs = []
+            for pair in _list(args[0]):
+                if type(pair) is not list or len(pair) != 2:
+                    raise WireError("bad mapping item")
+                pairs.append((decode_value(pair[0], resolve, depth), decode_value(pair[1], resolve, depth)))
+            collections = _stdlib_value_types()[0]
+            if tag == "e":
+                return collections.defaultdict(None, pairs)
+            if tag == "C":
+                return collections.Counter(dict(pairs))
+            return {"d": dict, "o": collections.OrderedDict}[tag](pairs)
+        if tag == "r" and len(args) == 3:
+            return range(_int(args[0]), _int(args[1]), _int(args[2]))
+        if tag == "q" and len(args) == 2:
+            return _stdlib_value_types()[2](_int(args[0]), _int(args[1]))
+        if tag == "D" and len(args) == 1 and type(args[0]) is str and len(args[0]) < 10000:
+            return _stdlib_value_types()[1](args[0])
+        if tag == "h" and len(args) == 1 and type(args[0]) is int and resolve is not None:
+            return resolve(args[0])
+    except WireError:
+        raise
+    except (TypeError, ValueError, ArithmeticError, RecursionError) as e:  # unhashable key, zero denominator, ...
+        raise WireError(f"bad {tag!r} value: {type(e).__name__}") from None
+    raise WireError(f"bad value tag {tag!r}")
+
+
+# ------------------------------------------------------------------------------------------------ frames
+def send_frame(fd, message):
+    data = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(fd, limit=MAX_FRAME):
+    """The next JSON frame, or None at end of stream; WireError for an oversized or malformed frame."""
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    size = int.from_bytes(head, "big")
+    if size > limit:
+        raise WireError(f"frame of {size} bytes (limit {limit})")
+    body = _read_exact(fd, size)
+    if body is None:
+        return None
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise WireError("frame is not JSON") from None
+
+
+# ------------------------------------------------------------------------------------------------ roles
+def _set_limits(mem, cpu, fsize, nofile, extra):
+    import resource
+    uid, running = os.getuid(), 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                running += os.stat("/proc/" + name).st_uid == uid
+            except OSError:
+                pass
+    for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
+                       (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_NPROC, running + extra),
+                       (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, (value, value))
+
+
+def _fresh_main(path):
+    """A new ``__main__`` module for the program (our own functions stay out of its globals)."""
+    import types
+    module = types.ModuleType("__main__")
+    module.__dict__.update({"__file__": path, "__builtins__": __builtins__})
+    sys.modules["__main__"] = module
+    sys.argv = [path]
+    return module.__dict__
+
+
+def _read_token():
+    return sys.stdin.buffer.readline().strip()
+
+
+def _stdin_to_devnull():
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def _exec_file(path, namespace):
+    with open(path, encoding="utf-8") as f:
+        code = compile(f.read(), path, "exec")
+    exec(code, namespace)
+
+
+def role_run(argv):
+    token = _read_token()
+    _stdin_to_devnull()
+    token_fd = int(argv[0])
+    _set_limits(*(int(v) for v in argv[1:6]))
+    _exec_file(argv[6], _fresh_main(argv[6]))
+    os.write(token_fd, token)
+
+
+def _describe(exc):
+    try:
+        text = str(exc)
+    except BaseException:
+        text = "?"
+    return [str(type(exc).__name__), text[:500]]
+
+
+def role_candidate(argv):
+    _stdin_to_devnull()
+    req_fd, resp_fd = int(argv[0]), int(argv[1])
+    _set_limits(*(int(v) for v in argv[2:7]))
+    namespace = _fresh_main(argv[7])
+    try:
+        _exec_file(argv[7], namespace)
+    except BaseException as e:
+        import traceback
+        traceback.print_exc()
+        send_frame(resp_fd, ["failed"] + _describe(e))
+        return 1
+    send_frame(resp_fd, ["ready"])
+    handles = {}
+    while True:
+        request = recv_frame(req_fd)
+        if request is None:
+            return 0
+        try:
+            reply = ["ok", encode_value(_serve(request, namespace, handles), handles)]
+        except BaseException as e:  # the program's own exception (or SystemExit) goes back as data
+            reply = ["raise"] + _describe(e)
+        send_frame(resp_fd, reply)
+
+
+def _serve(request, namespace, handles):
+    """The answer to one judge request, as a Python value (encoded by the caller)."""
+    op, args = request[0], request[1:]
+    if op == "lookup":
+        if args[0] not in namespace:
+            return ("absent",)
+        value = namespace[args[0]]
+        if type(value).__name__ == "module":
+            return ("module", str(getattr(value, "__name__", "")))
+        return ("callable",) if callable(value) else ("value", value)
+    target = namespace[args[0]] if op == "call" and type(args[0]) is str else handles[args[0]]
+    resolve = handles.__getitem__
+    if op == "call":
+        return target(*[decode_value(v, resolve) for v in args[1]], **{k: decode_value(v, resolve) for k, v in args[2]})
+    if op == "getattr":
+        return getattr(target, args[1])
+    if op == "setattr":
+        return setattr(target, args[1], decode_value(args[2], resolve))
+    if op == "getitem":
+        return target[decode_value(args[1], resolve)]
+    return {"iter": list, "len": len, "str": str, "repr": repr, "bool": bool}[op](target)
+
+
+class _Link:
+    """The judge's end of the channel: one request, one answer made of data."""
+
+    def __init__(self, req_fd, resp_fd):
+        self.req_fd, self.resp_fd = req_fd, resp_fd
+
+    def ask(self, *request):
+        send_frame(self.req_fd, list(request))
+        reply = recv_frame(self.resp_fd)
+        if reply is None:
+            raise RuntimeError("the candidate program exited while a test was calling it")
+        if type(reply) is list and len(reply) == 2 and reply[0] == "ok":
+            return decode_value(reply[1], self.handle)
+        if type(reply) is list and len(reply) == 3 and reply[0] == "raise" and all(type(v) is str for v in reply[1:]):
+            import builtins
+            exc, message = getattr(builtins, reply[1], None), reply[2][:500]
+            if not (isinstance(exc, type) and issubclass(exc, Exception)):
+                exc = RuntimeError
+            try:
+                error = exc(message)
+            except Exception:
+                error = RuntimeError(f"{reply[1]}: {message}")
+            raise error
+        raise WireError("malformed reply")
+
+    def handle(self, key):
+        return _Handle(self, key)
+
+
+def _arg(value):
+    """A judge-side argument as a tagged tree: data, or a handle the candidate gave us (also inside containers)."""
+    t = type(value)
+    if t is _Handle:
+        return ["h", value._key]
+    if t is list or t is tuple or t is set or t is frozenset:
+        return [{list: "l", tuple: "t", set: "S", frozenset: "Z"}[t], [_arg(v) for v in value]]
+    if t is dict:
+        return ["d", [[_arg(k), _arg(v)] for k, v in value.items()]]
+    try:
+        return encode_value(value)
+    except WireError:
+        raise TypeError(f"a {t.__name__} cannot be passed to the candidate's code (only data and its own objects)") from None
+
+
+def _call(link, target, args, kwargs):
+    return link.ask("call", target, [_arg(a) for a in args], [[k, _arg(v)] for k, v in kwargs.items()])
+
+
+class _Remote:
+    """A name the tests take from the candidate (a function or class): calls cross as data."""
+
+    def __init__(self, link, name):
+        self._link, self._name = link, name
+
+    def __call__(self, *args, **kwargs):
+        return _call(self._link, self._name, args, kwargs)
+
+    def __repr__(self):
+        return f"<candidate {self._name}>"
+
+
+class _Handle:
+    """A candidate object that is not data (a class instance, a generator, ...). Equal only to itself; calls,
+    iteration, ``len``, ``str``, truth, attributes and items are asked of the candidate and answered as data."""
+
+    def __init__(self, link, key):
+        object.__setattr__(self, "_link", link)
+        object.__setattr__(self, "_key", key)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._link.ask("getattr", self._key, name)
+
+    def __setattr__(self, name, value):
+        self._link.ask("setattr", self._key, name, _arg(value))
+
+    def __getitem__(self, key):
+        return self._link.ask("getitem", self._key, _arg(key))
+
+    def __call__(self, *args, **kwargs):
+        return _call(self._link, self._key, args, kwargs)
+
+    def __iter__(self):
+        return iter(self._checked("iter", list))
+
+    def __len__(self):
+        return self._checked("len", int)
+
+    def __str__(self):
+        return self._checked("str", str)
+
+    def __repr__(self):
+        return self._checked("repr", str)
+
+    def __bool__(self):
+        return self._checked("bool", bool)
+
+    def __eq__(self, other):
+        return self is other
+
+    def __hash__(self):
+        return id(self)
+
+    def _checked(self, op, kind):
+        value = self._link.ask(op, self._key)
+        if type(value) is not kind:
+            raise TypeError(f"{op}() of a candidate object gave a {type(value).__name__}")
+        return value
+
+
+def _names_read(source):
+    import ast
+    return sorted({node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)})
+
+
+def _bind(link, namespace, names):
+    import importlib
+    for name in names:
+        kind = link.ask("lookup", name)
+        if type(kind) is not tuple or not kind or type(kind[0]) is not str:
+            continue
+        if kind[0] == "callable":
+            namespace[name] = _Remote(link, name)
+        elif kind[0] == "value" and len(kind) == 2:
+            namespace[name] = kind[1]
+        elif kind[0] == "module" and len(kind) == 2 and type(kind[1]) is str and kind[1]:
+            try:  # the judge runs with -I -S: only the standard library is importable
+                namespace[name] = importlib.import_module(kind[1])
+            except ImportError:
+                pass
+
+
+def role_judge(argv):
+    token = _read_token()
+    spec = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    _stdin_to_devnull()
+    token_fd, req_fd, resp_fd = int(argv[0]), int(argv[1]), int(argv[2])
+    _set_limits(*(int(v) for v in argv[3:8]))
+    hello = recv_frame(resp_fd)
+    if hello != ["ready"]:
+        if type(hello) is list:
+            detail = ": ".join(v for v in hello[1:3] if type(v) is str)[:500]
+            print(f"the candidate program failed: {detail}", file=sys.stderr)
+        else:
+            print("the candidate program exited before its functions could be tested", file=sys.stderr)
+        return 1
+    import builtins
+    namespace = _fresh_main("tests.py")
+    prefix, tests, entry = spec.get("prefix") or "", spec["tests"], spec.get("entry_point")
+    try:
+        prefix_code = compile(prefix, "prefix.py", "exec")
+    except SyntaxError:
+        prefix_code = None  # not runnable on its own (it ends inside a statement): the candidate supplies it all
+    if prefix_code is not None:
+        exec(prefix_code, namespace)  # trusted: the task's own helpers (HumanEval's poly, encode_cyclic, ...)
+    wanted = {n for n in _names_read(tests) if n not in namespace and not hasattr(builtins, n)}
+    if entry:
+        wanted.add(entry)  # the prefix's stub of the entry point is replaced by the candidate's function
+    _bind(_Link(req_fd, resp_fd), namespace, sorted(wanted))
+    exec(compile(tests, "tests.py", "exec"), namespace)
+    os.write(token_fd, token)
+    return 0
+
+
+ROLES = {"run": role_run, "candidate": role_candidate, "judge": role_judge}
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ROLES:
+    sys.exit(ROLES[sys.argv[1]](sys.argv[2:]) or 0)
