@@ -284,6 +284,16 @@ class Algorithm:
             raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
                              f"{adapter.attention!r} (supported families: {', '.join(families_of(self.supports))})")
 
+    def check_rollout(self, sampler, adapter) -> None:
+        """A clear error when the recipe's ``rollout.sampler`` cannot produce what the method trains on (the loop calls
+        it at start-up, after ``check_model``; RL methods only). Default: any sampler."""
+
+    def collect(self, stage, ctx: "StepContext", prompts: "Batch", model) -> tuple["Batch", dict]:
+        """Stages (1) rollout and (2) reward: the RL batch and its metrics. Default: ``group_size`` independent
+        completions per prompt (``dare.trainer.rl.RolloutStage.collect``); a method with another rollout shape
+        (d-TreeRPO's trees) builds its batch here with the stage's sampler, seeds and reward scorer."""
+        return stage.collect(ctx, prompts, model)
+
     # --- what the loop must prepare -------------------------------------------------------------------
     @property
     def inner_iterations(self) -> int:

@@ -1,0 +1,277 @@
+"""JustGRPO: GRPO on the exact likelihood of the autoregressive (left-to-right) order (Ni et al. 2026, "The
+Flexibility Trap", arXiv 2601.15165; code: LeapLabTHU/JustGRPO ``grpo.py``).
+
+**Rollout.** One token per denoising step, left to right: ``rollout.sampler.block_length: 1`` (``check_rollout``
+refuses anything else). Each step then commits the only masked position of its block, so whatever the remasking
+rule, token t is drawn from ``p(y_t | x, y_<t, masks after t)`` with the sampler's temperature: the rollout policy
+*is* the scored one (up to the mask token, which the sampler never draws and a trained model gives ~0 mass).
+
+**Likelihood.** ``log pi(y | x) = sum_t log p(y_t | x, y_<t, [MASK] * (L - t))``, read at position t of the state
+where the completion's tokens before t are revealed and every later position is masked:
+
+* *bidirectional models* (LLaDA, LLaDA-MoE, Dream): every state needs its own forward (all tokens see all
+  tokens), so the L states of a completion -- real prompt tokens only, no padding, positions restarting at 0 -- are
+  packed first-fit into rows of at most ``pack_tokens`` tokens with attention kept inside each state (flash-attn
+  varlen on GPU, a block-diagonal mask on CPU). Positions after the first stop token that the sampler never wrote
+  (``block_stop``) are not scored.
+* *block-causal models* (SDAR, SDAR-MoE, LLaDA2) decoding with block length 1 attend causally; every conditional
+  comes out of ONE forward of the ``[x_t ; x_0]`` layout with block size 1 and an all-masked x_t: the masked
+  position t sees itself and the clean tokens before it -- exactly the sampler's input at step t.
+
+The reference (and the original DARE port) builds one masked sequence per token: L forwards of the micro-batch.
+``benchmarks/bench_methods.py`` counts forwards and times both side by side.
+
+**Loss** (``grpo.py: logprob_loss``): token-level clipped ratio (eps 0.2) with mu = 1 (``old = logp.detach()``),
+no KL, advantages ``(r - mean) / (std + 1e-4)`` with the *unbiased* group std (``compute_group_advantages``), the
+per-token terms summed over every generated position and divided by ``gen_length x`` the number of samples with a
+non-zero advantage (``scale = gain / gen_length / valid_samples``). Rollouts sample at temperature 1 and the
+log-probs use ``logits / temperature`` with the same value. Defaults follow the reference ``train.py`` (lr 5e-6,
+16 completions per prompt, gen_length = steps = 256, grad clip 1.0, no weight decay).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+
+from ..diffusion.logprob import score_targets
+from ..models import masks as attn_masks
+from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .grpo import (AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig, aggregation_weights, clipped_surrogate,
+                   kl_penalty)
+from .views import prompt_completion_view
+
+
+@dataclass
+class JustGRPOConfig(GRPOConfig):
+    name: str = "justgrpo"
+    inner_iterations: int = 1  # train.py: one update per rollout batch (ratio = exp(logp - logp.detach()))
+    clip_low: float = 0.2  # grpo.py logprob_loss eps=0.2
+    beta: float = 0.0  # no KL term in the reference
+    advantage: AdvantageMode = "mean_std"  # compute_group_advantages: unbiased std (torch.std), eps 1e-4
+    advantage_eps: float = 1e-4
+    aggregation: Aggregation = "seq_mean_token_sum_norm"  # gain / gen_length / valid_samples
+    temperature: float = 1.0  # sample(temperature=1.) and logprob_loss(temperature=1.): logits / T
+    # Positions after the completion mask (the first stop token) that are scored when the sampler wrote them; None:
+    # all of them (the reference scores every generated position; with block_stop the sampler writes none).
+    post_tokens: Optional[int] = None
+    # Bidirectional models: tokens per packed forward of AR states (each state is prompt + gen_length tokens).
+    pack_tokens: int = 8192
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the scored policy is softmax(logits / T)), got {self.temperature}")
+        if self.post_tokens is not None and self.post_tokens < 0:
+            raise ValueError(f"post_tokens must be >= 0 or null, got {self.post_tokens}")
+        if self.pack_tokens < 1:
+            raise ValueError(f"pack_tokens must be >= 1, got {self.pack_tokens}")
+
+
+def ar_targets(batch: Batch, post_tokens: Optional[int]) -> torch.Tensor:
+    """Bool ``[B, Lc]``: completion positions whose AR conditional is scored (the completion mask, plus up to
+    ``post_tokens`` later positions the sampler wrote; ``step_map`` -1 marks positions it never decoded)."""
+    cm = batch["completion_mask"].bool()
+    written = (batch["step_map"] >= 0).to(cm.device) if "step_map" in batch else torch.ones_like(cm)
+    if post_tokens is not None:
+        end = cm.long().sum(1, keepdim=True) + post_tokens
+        written = written & (torch.arange(cm.shape[1], device=cm.device)[None] < end)
+    return cm | written
+
+
+@dataclass
+class PackedStates:
+    """AR states packed into rows: ``rows[r]`` = (ids [T], pos [T], targets [T] bool, labels [T], sample [K],
+    slot [K]) where the K targets of row r score completion slot ``slot`` of batch sample ``sample``."""
+    rows: list
+
+
+def pack_ar_states(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                   targets: torch.Tensor, mask_id: int, capacity: int) -> PackedStates:
+    """One state per target (sample i, slot t): ``[real prompt ; y_<t ; MASK * (Lc - t)]``, packed first-fit."""
+    from ..trainer.data import pack_first_fit
+
+    Lc = completion_ids.shape[1]
+    states = []
+    for i in range(completion_ids.shape[0]):
+        prompt = prompt_ids[i][prompt_mask[i].bool()]
+        for t in targets[i].nonzero().flatten().tolist():
+            states.append(_State(i, t, prompt.numel() + Lc))
+    rows = []
+    for group in pack_first_fit(states, capacity):
+        ids, pos, tgt, lab = [], [], [], []
+        for s in group:
+            prompt = prompt_ids[s.sample][prompt_mask[s.sample].bool()]
+            comp = completion_ids[s.sample]
+            masked = torch.full((Lc - s.slot,), mask_id, dtype=comp.dtype, device=comp.device)
+            ids.append(torch.cat([prompt, comp[:s.slot], masked]))
+            pos.append(torch.arange(s.length, device=comp.device))
+            t = torch.zeros(s.length, dtype=torch.bool, device=comp.device)
+            t[prompt.numel() + s.slot] = True
+            tgt.append(t)
+            lab.append(torch.cat([prompt, comp]))
+        rows.append((torch.cat(ids), torch.cat(pos), torch.cat(tgt), torch.cat(lab),
+                     torch.tensor([s.sample for s in group]), torch.tensor([s.slot for s in group])))
+    return PackedStates(rows)
+
+
+@dataclass
+class _State:
+    sample: int
+    slot: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def ar_block_view(batch: Batch, targets: torch.Tensor, mask_id: int) -> View:
+    """Block-causal models: every AR conditional in one ``[x_t ; x_0]`` forward with block size 1 (x_t all masked)."""
+    comp = batch["completion_ids"]
+    view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, torch.full_like(comp, mask_id),
+                                  targets, block_layout=True)
+    dense = attn_masks.dense_mask(view.layout, view.layout, 1)  # the sampler's attention at block length 1
+    return View(view.input_ids, view.targets, view.labels, attention_mask=dense, position_ids=view.layout.pos,
+                score_index=view.score_index)
+
+
+@register_algorithm
+class JustGRPO(GRPOAlgorithm):
+    """Exact AR-order likelihood: log p(y_t | x, y_<t, masks after t), L conditionals packed (one pass on block models)."""
+    name = "justgrpo"
+    config_class = JustGRPOConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+
+    def check_rollout(self, sampler, adapter) -> None:
+        cfg = self.config
+        if sampler.block_length != 1:
+            raise ValueError(f"justgrpo trains on left-to-right rollouts: set rollout.sampler.block_length: 1 "
+                             f"(got {sampler.block_length})")
+        for key, bad in (("cfg_scale", sampler.cfg_scale > 0), ("rcr", sampler.rcr),
+                         ("editing_threshold", sampler.editing_threshold is not None),
+                         ("top_p", sampler.top_p not in (None, 1.0)), ("top_k", bool(sampler.top_k))):
+            if bad:
+                raise ValueError(f"justgrpo scores softmax(logits / T); rollout.sampler.{key} changes the rollout policy")
+        if sampler.temperature != cfg.temperature:
+            raise ValueError(f"justgrpo: rollout.sampler.temperature={sampler.temperature} must equal "
+                             f"algorithm.temperature={cfg.temperature} (the rollout policy is the scored one)")
+
+    # --- advantages and normalisers -----------------------------------------------------------------------
+    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+        cfg = self.config
+        if cfg.advantage != "mean_std":
+            return super().advantages(ctx, batch)
+        from .mdpo import group_zscore_unbiased
+        adv = super().advantages(ctx, batch)  # sets batch["active"] (zero-variance filter)
+        return group_zscore_unbiased(batch["rewards"].float(), batch["group"], cfg.advantage_eps).to(adv.device)
+
+    def loss_mask(self, batch: Batch) -> torch.Tensor:
+        return batch["ar_targets"].float() * batch["active"].float()[:, None]
+
+    def normalizers(self, batch: Batch) -> dict[str, float]:
+        out = super().normalizers(batch)
+        # The reference divides by the number of samples with a non-zero advantage (valid_samples).
+        valid = (batch["advantages"] != 0).float() * batch["active"].float()
+        out["seqs"] = float(valid.sum())
+        return out
+
+    # --- likelihood --------------------------------------------------------------------------------------
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        """One clean ``[prompt ; y]`` view naming the scored slots; ``log_likelihood`` builds the AR states from it
+        (deterministic: every inner iteration and the reference share it)."""
+        self.check_model(ctx.adapter)
+        if "ar_views" in batch.meta:
+            return batch.meta["ar_views"]
+        targets = ar_targets(batch, self.config.post_tokens)
+        batch["ar_targets"] = targets
+        comp = batch["completion_ids"]
+        views = [prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, comp, targets)]
+        batch.meta["ar_views"] = views
+        return views
+
+    def forwards(self, ctx: StepContext, batch: Batch) -> list:
+        """The forward passes of the micro-batch's AR log-likelihood: ``(kind, payload)`` items."""
+        targets = batch["ar_targets"]
+        mask_id = ctx.adapter.mask_token_id
+        if ctx.adapter.is_block_causal:
+            return [("view", ar_block_view(batch, targets, mask_id))]
+        packed = pack_ar_states(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], targets, mask_id,
+                                self.config.pack_tokens)
+        return [("packed", row) for row in packed.rows]
+
+    def _run(self, ctx: StepContext, model, batch: Batch, item, with_entropy: bool):
+        """(logp [B, Lc], entropy or None, scored [B, Lc] bool) of one forward."""
+        kind, payload = item
+        T = self.config.temperature
+        B, Lc = batch["completion_ids"].shape
+        if kind == "view":
+            v = payload
+            lp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
+                                    position_ids=v.position_ids, chunk_size=ctx.chunk_size, temperature=T,
+                                    with_entropy=with_entropy)
+            idx = v.score_index
+            scored = v.targets.gather(1, idx)
+            return lp.gather(1, idx), (ent.gather(1, idx) if ent is not None else None), scored
+        ids, pos, tgt, lab, sample, slot = payload
+        layout = model.adapter.packed_layout(pos[None])
+        lp, ent = score_targets(model, ids[None], tgt[None], lab[None], layout=layout, chunk_size=ctx.chunk_size,
+                                temperature=T, with_entropy=with_entropy)
+        dev = lp.device
+        sample, slot = sample.to(dev), slot.to(dev)
+        dense = torch.zeros(B, Lc, device=dev).index_put((sample, slot), lp[0][tgt.to(dev)])
+        dense_ent = None
+        if ent is not None:
+            dense_ent = torch.zeros(B, Lc, device=dev).index_put((sample, slot), ent[0][tgt.to(dev)])
+        scored = torch.zeros(B, Lc, dtype=torch.bool, device=dev).index_put((sample, slot), torch.ones_like(slot, dtype=torch.bool))
+        return dense, dense_ent, scored
+
+    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        B, Lc = batch["completion_ids"].shape
+        total = torch.zeros(B, Lc, device=batch["completion_ids"].device)
+        ent_total = torch.zeros_like(total) if with_entropy else None
+        for item in self.forwards(ctx, batch):
+            lp, ent, _ = self._run(ctx, model, batch, item, with_entropy)
+            total = total.to(lp.device) + lp
+            if ent is not None:
+                ent_total = ent_total.to(ent.device) + ent
+        return LogLik(total, ent_total)
+
+    # --- loss and update -----------------------------------------------------------------------------------
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int, select: Optional[torch.Tensor] = None):
+        """The loss share of ``batch`` (of its ``select`` tokens when given: one forward's conditionals)."""
+        cfg = self.config
+        logp = current.value
+        old, ref = self.old_and_ref(batch, current, iteration)
+        old = old.to(logp.device)
+        full = self.loss_mask(batch).to(logp.device)
+        sel = full if select is None else full * select.float()
+        w = aggregation_weights(sel, cfg.aggregation, ctx.norms, batch["completion_ids"].shape[1], full.sum(-1))
+        logp_s = torch.where(sel > 0, logp, old.detach())  # placeholders outside the selection: ratio 1, no grad
+        per_tok, ratio, clipped = clipped_surrogate(logp_s, old, batch["advantages"].to(logp.device), cfg.clip_low,
+                                                    cfg.clip_high, cfg.dual_clip, cfg.logratio_clamp)
+        loss = (per_tok * w).sum()
+        tok = max(ctx.norms["tokens"], 1.0)
+        metrics = {"clip_frac": float((clipped.float() * sel).sum()) / tok,
+                   "ratio_mean": float((ratio.detach() * sel).sum()) / tok}
+        if ref is not None:
+            ref_s = torch.where(sel > 0, ref.to(logp.device), logp_s.detach())
+            kl = kl_penalty(logp_s, ref_s, cfg.kl_estimator)
+            loss = loss + cfg.beta * (kl * w).sum()
+            metrics["kl"] = float((kl.detach() * sel).sum()) / tok
+        if current.entropy is not None:
+            metrics["entropy"] = float((current.entropy * sel).sum()) / tok
+        return loss, metrics
+
+    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+        """One forward + backward per packed row: the loss is linear in the per-token terms (global normalisers), so
+        the accumulated gradient is the whole loss's while only one row's graph is alive."""
+        totals: dict[str, float] = {"loss": 0.0}
+        for item in self.forwards(ctx, batch):
+            lp, ent, scored = self._run(ctx, model, batch, item, ctx.want_entropy)
+            loss, metrics = self.loss(ctx, batch, LogLik(lp, ent), iteration, select=scored)
+            (loss * loss_scale).backward()
+            totals["loss"] += float(loss.detach())
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+        return totals
