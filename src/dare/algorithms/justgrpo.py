@@ -9,16 +9,15 @@ rule, token t is drawn from ``p(y_t | x, y_<t, masks after t)`` with the sampler
 **Likelihood.** ``log pi(y | x) = sum_t log p(y_t | x, y_<t, [MASK] * (L - t))``, read at position t of the state
 where the completion's tokens before t are revealed and every later position is masked:
 
-* *bidirectional models* (LLaDA, LLaDA-MoE, Dream): every state needs its own forward (all tokens see all
-  tokens), so the L states of a completion -- real prompt tokens only, no padding, positions restarting at 0 -- are
-  packed first-fit into rows of at most ``pack_tokens`` tokens with attention kept inside each state (flash-attn
-  varlen on GPU, a block-diagonal mask on CPU). Positions after the first stop token that the sampler never wrote
-  (``block_stop``) are not scored.
+* *bidirectional models* (LLaDA, LLaDA-MoE, Dream): every state needs its own forward pass over its own input (all
+  tokens see all tokens), so the L states of the micro-batch's completions are stacked as rows,
+  ``tokens_per_forward // (P + L)`` of them per forward, across positions and samples. Positions after the first
+  stop token that the sampler never wrote (``block_stop``) are not scored.
 * *block-causal models* (SDAR, SDAR-MoE, LLaDA2) decoding with block length 1 attend causally; every conditional
   comes out of ONE forward of the ``[x_t ; x_0]`` layout with block size 1 and an all-masked x_t: the masked
   position t sees itself and the clean tokens before it -- exactly the sampler's input at step t.
 
-The reference (and the original DARE port) builds one masked sequence per token: L forwards of the micro-batch.
+The reference (and the original DARE port) runs one forward per position t over the micro-batch's rows: L forwards.
 ``benchmarks/bench_methods.py`` counts forwards and times both side by side.
 
 **Loss** (``grpo.py: logprob_loss``): token-level clipped ratio (eps 0.2) with mu = 1 (``old = logp.detach()``),
@@ -56,8 +55,8 @@ class JustGRPOConfig(GRPOConfig):
     # Positions after the completion mask (the first stop token) that are scored when the sampler wrote them; None:
     # all of them (the reference scores every generated position; with block_stop the sampler writes none).
     post_tokens: Optional[int] = None
-    # Bidirectional models: tokens per packed forward of AR states (each state is prompt + gen_length tokens).
-    pack_tokens: int = 8192
+    # Bidirectional models: tokens per forward of stacked AR states (each state is prompt + gen_length tokens).
+    tokens_per_forward: int = 16384
 
     def __post_init__(self):
         super().__post_init__()
@@ -65,8 +64,8 @@ class JustGRPOConfig(GRPOConfig):
             raise ValueError(f"temperature must be > 0 (the scored policy is softmax(logits / T)), got {self.temperature}")
         if self.post_tokens is not None and self.post_tokens < 0:
             raise ValueError(f"post_tokens must be >= 0 or null, got {self.post_tokens}")
-        if self.pack_tokens < 1:
-            raise ValueError(f"pack_tokens must be >= 1, got {self.pack_tokens}")
+        if self.tokens_per_forward < 1:
+            raise ValueError(f"tokens_per_forward must be >= 1, got {self.tokens_per_forward}")
 
 
 def ar_targets(batch: Batch, post_tokens: Optional[int]) -> torch.Tensor:
@@ -80,50 +79,24 @@ def ar_targets(batch: Batch, post_tokens: Optional[int]) -> torch.Tensor:
     return cm | written
 
 
-@dataclass
-class PackedStates:
-    """AR states packed into rows: ``rows[r]`` = (ids [T], pos [T], targets [T] bool, labels [T], sample [K],
-    slot [K]) where the K targets of row r score completion slot ``slot`` of batch sample ``sample``."""
-    rows: list
-
-
-def pack_ar_states(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                   targets: torch.Tensor, mask_id: int, capacity: int) -> PackedStates:
-    """One state per target (sample i, slot t): ``[real prompt ; y_<t ; MASK * (Lc - t)]``, packed first-fit."""
-    from ..trainer.data import pack_first_fit
-
-    Lc = completion_ids.shape[1]
-    states = []
-    for i in range(completion_ids.shape[0]):
-        prompt = prompt_ids[i][prompt_mask[i].bool()]
-        for t in targets[i].nonzero().flatten().tolist():
-            states.append(_State(i, t, prompt.numel() + Lc))
-    rows = []
-    for group in pack_first_fit(states, capacity):
-        ids, pos, tgt, lab = [], [], [], []
-        for s in group:
-            prompt = prompt_ids[s.sample][prompt_mask[s.sample].bool()]
-            comp = completion_ids[s.sample]
-            masked = torch.full((Lc - s.slot,), mask_id, dtype=comp.dtype, device=comp.device)
-            ids.append(torch.cat([prompt, comp[:s.slot], masked]))
-            pos.append(torch.arange(s.length, device=comp.device))
-            t = torch.zeros(s.length, dtype=torch.bool, device=comp.device)
-            t[prompt.numel() + s.slot] = True
-            tgt.append(t)
-            lab.append(torch.cat([prompt, comp]))
-        rows.append((torch.cat(ids), torch.cat(pos), torch.cat(tgt), torch.cat(lab),
-                     torch.tensor([s.sample for s in group]), torch.tensor([s.slot for s in group])))
-    return PackedStates(rows)
-
-
-@dataclass
-class _State:
-    sample: int
-    slot: int
-    length: int
-
-    def __len__(self) -> int:
-        return self.length
+def ar_state_views(batch: Batch, targets: torch.Tensor, mask_id: int, tokens_per_forward: int) -> list[View]:
+    """Bidirectional models: one state per target (sample i, slot t) -- ``[prompt ; y_<t ; MASK * (Lc - t)]`` --
+    stacked ``tokens_per_forward // (P + Lc)`` states per forward (each state a row; padding is only the prompts'
+    left padding, which attention and positions ignore). ``info["sample"]`` / ``info["slot"]`` say which
+    completion slot each row scores."""
+    comp = batch["completion_ids"]
+    Lc = comp.shape[1]
+    width = batch["prompt_ids"].shape[1] + Lc
+    sample, slot = targets.nonzero(as_tuple=True)
+    per = max(1, tokens_per_forward // width)
+    cols = torch.arange(Lc, device=comp.device)[None]
+    views = []
+    for s in range(0, sample.numel(), per):
+        i, t = sample[s:s + per], slot[s:s + per]
+        state = torch.where(cols >= t[:, None], torch.full_like(comp[i], mask_id), comp[i])
+        views.append(prompt_completion_view(batch["prompt_ids"][i], batch["prompt_mask"][i], comp[i], state,
+                                            cols == t[:, None], info={"sample": i, "slot": t}))
+    return views
 
 
 def ar_block_view(batch: Batch, targets: torch.Tensor, mask_id: int) -> View:
@@ -138,7 +111,7 @@ def ar_block_view(batch: Batch, targets: torch.Tensor, mask_id: int) -> View:
 
 @register_algorithm
 class JustGRPO(GRPOAlgorithm):
-    """Exact AR-order likelihood: log p(y_t | x, y_<t, masks after t), L conditionals packed (one pass on block models)."""
+    """Exact AR-order likelihood: log p(y_t | x, y_<t, masks after t), L conditionals stacked (one pass on block models)."""
     name = "justgrpo"
     config_class = JustGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
@@ -190,41 +163,30 @@ class JustGRPO(GRPOAlgorithm):
         batch.meta["ar_views"] = views
         return views
 
-    def forwards(self, ctx: StepContext, batch: Batch) -> list:
-        """The forward passes of the micro-batch's AR log-likelihood: ``(kind, payload)`` items."""
+    def forwards(self, ctx: StepContext, batch: Batch) -> list[View]:
+        """The forward passes of the micro-batch's AR log-likelihood (one view each)."""
         targets = batch["ar_targets"]
         mask_id = ctx.adapter.mask_token_id
         if ctx.adapter.is_block_causal:
-            return [("view", ar_block_view(batch, targets, mask_id))]
-        packed = pack_ar_states(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], targets, mask_id,
-                                self.config.pack_tokens)
-        return [("packed", row) for row in packed.rows]
+            return [ar_block_view(batch, targets, mask_id)]
+        return ar_state_views(batch, targets, mask_id, self.config.tokens_per_forward)
 
-    def _run(self, ctx: StepContext, model, batch: Batch, item, with_entropy: bool):
+    def _run(self, ctx: StepContext, model, batch: Batch, v: View, with_entropy: bool):
         """(logp [B, Lc], entropy or None, scored [B, Lc] bool) of one forward."""
-        kind, payload = item
-        T = self.config.temperature
+        lp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
+                                position_ids=v.position_ids, chunk_size=ctx.chunk_size, temperature=self.config.temperature,
+                                with_entropy=with_entropy)
+        lp, scored = lp.gather(1, v.score_index), v.targets.gather(1, v.score_index)
+        ent = ent.gather(1, v.score_index) if ent is not None else None
+        if "sample" not in v.info:  # the block view: rows are the batch's samples
+            return lp, ent, scored
+        # state rows: one scored slot per row, scattered back to (sample, slot)
         B, Lc = batch["completion_ids"].shape
-        if kind == "view":
-            v = payload
-            lp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
-                                    position_ids=v.position_ids, chunk_size=ctx.chunk_size, temperature=T,
-                                    with_entropy=with_entropy)
-            idx = v.score_index
-            scored = v.targets.gather(1, idx)
-            return lp.gather(1, idx), (ent.gather(1, idx) if ent is not None else None), scored
-        ids, pos, tgt, lab, sample, slot = payload
-        layout = model.adapter.packed_layout(pos[None])
-        lp, ent = score_targets(model, ids[None], tgt[None], lab[None], layout=layout, chunk_size=ctx.chunk_size,
-                                temperature=T, with_entropy=with_entropy)
-        dev = lp.device
-        sample, slot = sample.to(dev), slot.to(dev)
-        dense = torch.zeros(B, Lc, device=dev).index_put((sample, slot), lp[0][tgt.to(dev)])
-        dense_ent = None
-        if ent is not None:
-            dense_ent = torch.zeros(B, Lc, device=dev).index_put((sample, slot), ent[0][tgt.to(dev)])
-        scored = torch.zeros(B, Lc, dtype=torch.bool, device=dev).index_put((sample, slot), torch.ones_like(slot, dtype=torch.bool))
-        return dense, dense_ent, scored
+        idx = (v.info["sample"].to(lp.device), v.info["slot"].to(lp.device))
+        dense = torch.zeros(B, Lc, device=lp.device).index_put(idx, lp[scored])
+        dense_ent = torch.zeros(B, Lc, device=lp.device).index_put(idx, ent[scored]) if ent is not None else None
+        hit = torch.zeros(B, Lc, dtype=torch.bool, device=lp.device).index_put(idx, torch.ones_like(idx[0], dtype=torch.bool))
+        return dense, dense_ent, hit
 
     def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
         B, Lc = batch["completion_ids"].shape
@@ -264,7 +226,7 @@ class JustGRPO(GRPOAlgorithm):
         return loss, metrics
 
     def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
-        """One forward + backward per packed row: the loss is linear in the per-token terms (global normalisers), so
+        """One forward + backward per forward of ``forwards``: the loss is linear in the per-token terms (global normalisers), so
         the accumulated gradient is the whole loss's while only one row's graph is alive."""
         totals: dict[str, float] = {"loss": 0.0}
         for item in self.forwards(ctx, batch):
