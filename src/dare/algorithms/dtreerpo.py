@@ -15,7 +15,7 @@ input, the targets are the tokens the node committed in its segment (written by 
 the parent) up to the node's first stop token. One forward of the parent state scores them all (the paper's
 single-forward estimate of the transition probability; block models use the ``[x_t ; x_0]`` layout with the parent's
 state as x_t and the node's as x_0, so a block is scored from its segment-start state and the finished blocks before
-it). Loss per segment: the clipped surrogate averaged over its targets (eps 0.4), plus beta 0.01 k3 KL to the
+it, with the sampler's block length). Loss per segment: the clipped surrogate averaged over its targets (eps 0.4), plus beta 0.01 k3 KL to the
 reference; the mean over all segments of the step (the reference averages per micro-batch).
 
 **Self-distillation** (time-scheduled, on by default as in the reference recipes): for the children of one parent
@@ -41,6 +41,7 @@ import torch
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .d1 import completion_view
 from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig
+from .views import with_attention_blocks
 
 
 @dataclass
@@ -205,10 +206,6 @@ class DTreeRPO(GRPOAlgorithm):
                          ("editing_threshold", sampler.editing_threshold is not None)):
             if bad:
                 raise ValueError(f"dtreerpo branches paused rollouts; rollout.sampler.{key} cannot be paused")
-        if adapter.is_block_causal and sampler.block_length != adapter.block_size:
-            raise ValueError(f"dtreerpo on block models scores the model's attention blocks: set "
-                             f"rollout.sampler.block_length to the model's block size {adapter.block_size} "
-                             f"(got {sampler.block_length})")
 
     def cut_steps(self, model, sampler) -> list[int]:
         """Schedule steps where the tree branches: k * T / levels (the reference's branch points), T = total steps."""
@@ -235,7 +232,7 @@ class DTreeRPO(GRPOAlgorithm):
         rewards = stage.score(texts, [prompts["examples"][int(i)] for i in leaves.prompt_index.cpu()])
         t2 = time.perf_counter()
         batch = segments_batch(tree, rewards, prompts["uid"], model.adapter.mask_token_id)
-        batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": tree.nfe})
+        batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": tree.nfe, "block_length": sampler.block_length})
         metrics = stage.metrics(rewards, leaves.completion_mask, tree.nfe, t1 - t0, t2 - t1)
         metrics["segments"] = float(batch.size)
         return batch, metrics
@@ -246,8 +243,11 @@ class DTreeRPO(GRPOAlgorithm):
         inner iteration)."""
         self.check_model(ctx.adapter)
         if "tree_views" not in batch.meta:
-            targets = batch["segment_targets"].bool()
-            batch.meta["tree_views"] = [completion_view(ctx, batch, batch["parent_ids"], targets)]
+            view = completion_view(ctx, batch, batch["parent_ids"], batch["segment_targets"].bool())
+            block = batch.meta.get("block_length", ctx.adapter.block_size)
+            if ctx.adapter.is_block_causal and block != ctx.adapter.block_size:  # score the sampler's attention
+                view = with_attention_blocks(view, block)
+            batch.meta["tree_views"] = [view]
         return batch.meta["tree_views"]
 
     # --- (4) advantages ----------------------------------------------------------------------------------

@@ -35,11 +35,10 @@ from typing import ClassVar, Optional
 import torch
 
 from ..diffusion.logprob import score_targets
-from ..models import masks as attn_masks
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import (AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig, aggregation_weights, clipped_surrogate,
                    kl_penalty)
-from .views import prompt_completion_view
+from .views import prompt_completion_view, with_attention_blocks
 
 
 @dataclass
@@ -104,9 +103,7 @@ def ar_block_view(batch: Batch, targets: torch.Tensor, mask_id: int) -> View:
     comp = batch["completion_ids"]
     view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, torch.full_like(comp, mask_id),
                                   targets, block_layout=True)
-    dense = attn_masks.dense_mask(view.layout, view.layout, 1)  # the sampler's attention at block length 1
-    return View(view.input_ids, view.targets, view.labels, attention_mask=dense, position_ids=view.layout.pos,
-                score_index=view.score_index)
+    return with_attention_blocks(view, 1)  # the sampler's attention at block length 1
 
 
 @register_algorithm
