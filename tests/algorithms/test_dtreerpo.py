@@ -11,6 +11,7 @@ from dare.models import tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig, generate, generate_tree
 from dare.trainer import stages
 from tests.algorithms.test_espo import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.trajectory_helpers import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("abc", "hello there")
@@ -80,6 +81,29 @@ def test_transitions_of_every_path_reproduce_the_completion(family, kw):
         written = leaves.step_map[r] >= 0
         assert torch.equal(covered, written)
         assert torch.equal(state[written], leaves.completion_ids[r][written])
+
+
+def test_segment_ids_are_global_and_siblings_share_their_parents_id():
+    model, tree = _tree("llada", branching=(2, 3), cuts=(4,))
+    batch = segments_batch(tree, torch.zeros(12), torch.tensor([5, 9]), model.adapter.mask_token_id)
+    uid, group, level = batch["uid"], batch["group"], batch["tree_level"]
+    assert uid.unique().numel() == batch.size == 2 * (2 + 6)
+    S = 2 + 6 + 1
+    assert set((uid // S).tolist()) == {5, 9} and ((uid % S) >= 1).all()
+    assert torch.equal(group[level == 0], (uid[level == 0] // S) * S)  # trunks: the tree's root
+    first = (level == 1).nonzero().flatten()
+    parent_uid = uid[level == 0][tree.parents[1]]
+    assert torch.equal(group[first], parent_uid)  # children: their parent's uid
+
+
+def test_chunked_tree_rollouts_give_the_same_step(tmp_path):
+    args = ("algorithm.trunks=2", "algorithm.branch_factor=2",
+            "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")
+    one = run_recipe(tmp_path / "one", "dtreerpo", "llada", *args, steps=1)[0]
+    chunked = run_recipe(tmp_path / "chunked", "dtreerpo", "llada", *args, "rollout.micro_batch_size=1", steps=1)[0]
+    for key in ("reward_mean", "segments", "loss", "grad_norm"):  # (nfe: one batched call per chunk)
+        assert chunked[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    assert one["segments"] == 2 * (2 + 4)
 
 
 @pytest.mark.parametrize("family", ["llada", "sdar"])

@@ -162,36 +162,58 @@ def distillation_targets(tokens: torch.Tensor, targets: torch.Tensor, advantages
 def segments_batch(tree, rewards: torch.Tensor, prompt_uids: torch.Tensor, mask_id: int) -> Batch:
     """One row per non-root node of ``tree``: the prompt, the node's state (``completion_ids``), its parent's
     (``parent_ids``, all masked for level-0 nodes), both step maps, the segment's targets, the node's value
-    (``rewards``) and local advantage. ``group`` numbers the sibling sets (children of one parent)."""
+    (``rewards``) and local advantage.
+
+    Ids are global: with S = nodes per tree + 1, node j of prompt u (level order) has ``uid = u S + 1 + j`` and the
+    tree's root ``u S``; ``group`` = the parent's uid, so siblings share a group on every rank and in every chunk."""
     dev = tree.leaves.completion_ids.device
     values = node_values(rewards.to(dev), tree.parents)
     adv = local_advantages(values, tree.parents)
+    per_prompt = [math.prod(tree.branching[:k + 1]) for k in range(len(tree.branching))]  # nodes per tree, by level
+    S = sum(per_prompt) + 1
     parts: dict[str, list] = {k: [] for k in ("prompt_ids", "prompt_mask", "ids", "mask", "steps", "parent_ids",
-                                              "parent_steps", "key")}
+                                              "parent_steps", "uid", "group", "level")}
+    uids = []
     for k, level in enumerate(tree.levels):
+        rows = torch.arange(level.completion_ids.shape[0], device=dev)
+        base = prompt_uids.to(dev)[level.prompt_index.to(dev)] * S
+        uid = base + 1 + sum(per_prompt[:k]) + rows % per_prompt[k]
         if k == 0:
             parent_ids = torch.full_like(level.completion_ids, mask_id)
             parent_steps = torch.full_like(level.step_map, -1)
+            group = base
         else:
             prev = tree.levels[k - 1]
             parent_ids, parent_steps = prev.completion_ids[tree.parents[k]], prev.step_map[tree.parents[k]]
-        prompt = level.prompt_index.to(dev)
-        parent = tree.parents[k].to(dev) if k else torch.zeros_like(prompt)
+            group = uids[k - 1][tree.parents[k].to(dev)]
+        uids.append(uid)
         for name, value in (("prompt_ids", level.prompt_ids), ("prompt_mask", level.prompt_mask.bool()),
                             ("ids", level.completion_ids), ("mask", level.completion_mask.bool()),
                             ("steps", level.step_map), ("parent_ids", parent_ids), ("parent_steps", parent_steps),
-                            ("key", torch.stack([prompt, torch.full_like(prompt, k), parent], 1))):
+                            ("uid", uid), ("group", group), ("level", torch.full_like(rows, k))):
             parts[name].append(value.to(dev))
     cat = {k: torch.cat(v) for k, v in parts.items()}
-    _, group = torch.unique(cat["key"], dim=0, return_inverse=True)
-    M = cat["ids"].shape[0]  # rows per rank (equal on every rank): prompt uid * M + row is a global id
-    uid = prompt_uids.to(dev)[cat["key"][:, 0]] * M + torch.arange(M, device=dev)
-    return Batch(uid=uid, group=group, prompt_ids=cat["prompt_ids"], prompt_mask=cat["prompt_mask"],
+    return Batch(uid=cat["uid"], group=cat["group"], prompt_ids=cat["prompt_ids"], prompt_mask=cat["prompt_mask"],
                  completion_ids=cat["ids"], completion_mask=cat["mask"], step_map=cat["steps"],
                  parent_ids=cat["parent_ids"], parent_step_map=cat["parent_steps"],
                  segment_targets=segment_targets(cat["steps"], cat["parent_steps"], cat["mask"]),
-                 rewards=torch.cat(values).float(), tree_advantages=torch.cat(adv),
-                 tree_level=cat["key"][:, 1])
+                 rewards=torch.cat(values).float(), tree_advantages=torch.cat(adv), tree_level=cat["level"])
+
+
+def concat_batches(parts: list[Batch], pad_id: int) -> Batch:
+    """Row-wise concatenation of segment batches (prompts re-padded on the left to a common width)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(b["prompt_ids"].shape[1] for b in parts)
+    fields = {}
+    for key in parts[0].fields:
+        vals = [b[key] for b in parts]
+        if key in ("prompt_ids", "prompt_mask"):
+            fill = pad_id if key == "prompt_ids" else False
+            vals = [torch.nn.functional.pad(v, (P - v.shape[1], 0), value=fill) for v in vals]
+        fields[key] = torch.cat(vals)
+    uid = fields.pop("uid")
+    return Batch(uid, meta=dict(parts[0].meta), **fields)
 
 
 @register_algorithm
@@ -221,19 +243,30 @@ class DTreeRPO(GRPOAlgorithm):
     def collect(self, stage, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
         from ..rollout import generate_tree
         from ..trainer.distributed import gathered_for_inference
-        sampler = stage.recipe.rollout.sampler
-        t0 = time.perf_counter()
-        with gathered_for_inference(model):
-            tree = generate_tree(model, prompts["prompt_tokens"], sampler, self.config.branching,
-                                 self.cut_steps(model, sampler), seeds=stage.prompt_seeds(ctx, prompts))
-        t1 = time.perf_counter()
-        leaves = tree.leaves
-        texts = leaves.texts(stage.tokenizer)
-        rewards = stage.score(texts, [prompts["examples"][int(i)] for i in leaves.prompt_index.cpu()])
-        t2 = time.perf_counter()
-        batch = segments_batch(tree, rewards, prompts["uid"], model.adapter.mask_token_id)
-        batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": tree.nfe, "block_length": sampler.block_length})
-        metrics = stage.metrics(rewards, leaves.completion_mask, tree.nfe, t1 - t0, t2 - t1)
+        rc = stage.recipe.rollout
+        sampler, seeds, n = rc.sampler, stage.prompt_seeds(ctx, prompts), prompts.size
+        chunk = rc.micro_batch_size or n  # prompts per tree call
+        cuts = self.cut_steps(model, sampler)
+        parts, leaf_rewards, leaf_masks, nfe, t_roll, t_rew = [], [], [], 0, 0.0, 0.0
+        for s in range(0, n, chunk):
+            part = prompts.select(torch.arange(s, min(n, s + chunk)))
+            t0 = time.perf_counter()
+            with gathered_for_inference(model):
+                tree = generate_tree(model, part["prompt_tokens"], sampler, self.config.branching, cuts,
+                                     seeds=seeds[s:s + chunk])
+            t1 = time.perf_counter()
+            leaves = tree.leaves
+            rewards = stage.score(leaves.texts(stage.tokenizer),
+                                  [part["examples"][int(i)] for i in leaves.prompt_index.cpu()])
+            t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
+            parts.append(segments_batch(tree, rewards, part["uid"], model.adapter.mask_token_id))
+            leaf_rewards.append(rewards)
+            leaf_masks.append(leaves.completion_mask.cpu())
+            nfe += tree.nfe
+        pad = model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id
+        batch = concat_batches(parts, pad)
+        batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": nfe, "block_length": sampler.block_length})
+        metrics = stage.metrics(torch.cat(leaf_rewards), torch.cat(leaf_masks), nfe, t_roll, t_rew)
         metrics["segments"] = float(batch.size)
         return batch, metrics
 

@@ -108,7 +108,7 @@ def ar_block_view(batch: Batch, targets: torch.Tensor, mask_id: int) -> View:
 
 @register_algorithm
 class JustGRPO(GRPOAlgorithm):
-    """Exact AR-order likelihood: log p(y_t | x, y_<t, masks after t), L conditionals stacked (one pass on block models)."""
+    """Exact AR-order likelihood: sum_t log p(y_t given x, y_<t, masks after t), stacked states (one pass on block models)."""
     name = "justgrpo"
     config_class = JustGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")

@@ -29,6 +29,7 @@ class TreeRollout:
     levels: list[Rollout]  # levels[k]: the nodes after segment k (rows grouped by parent); the last = leaves
     parents: list[torch.Tensor]  # parents[k][r]: parent row (level k-1) of row r of level k; level 0: prompt index
     cut_steps: list[int]
+    branching: list[int]
 
     @property
     def leaves(self) -> Rollout:
@@ -86,4 +87,4 @@ def generate_tree(model, prompts, config: SamplerConfig, branching: Sequence[int
         parents.append(torch.arange(rows, device=child.completion_ids.device).repeat_interleave(n))
         levels.append(child)
         level = child
-    return TreeRollout(levels, parents, list(cut_steps))
+    return TreeRollout(levels, parents, list(cut_steps), list(branching))
