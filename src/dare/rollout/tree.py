@@ -57,9 +57,9 @@ def _carry(parent: Rollout, n: int) -> Rollout:
         v = getattr(parent, f.name)
         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == N:
             fields[f.name] = v[idx]
+    fields["sample_index"] = torch.arange(n, device=idx.device).repeat(N)
     seeds = [s for s in parent.seeds for _ in range(n)] if parent.seeds else parent.seeds
-    return dataclasses.replace(parent, **fields, nfe=0, seeds=seeds,
-                               sample_index=torch.arange(n, device=idx.device).repeat(N))
+    return dataclasses.replace(parent, **fields, nfe=0, seeds=seeds)
 
 
 @torch.no_grad()
