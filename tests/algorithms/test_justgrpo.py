@@ -202,3 +202,41 @@ def test_recipe_defaults():
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "justgrpo", family, "rollout.sampler.block_length=1", "algorithm.inner_iterations=4")
+
+
+def test_padding_views_score_nothing_and_keep_the_gradient_path(monkeypatch):
+    """Ranks agree on the number of forwards (FSDP): the extra views of a rank with fewer states score nothing."""
+    import dare.algorithms.justgrpo as jg
+    model, algo, ctx = _setup("llada", tokens_per_forward=40)
+    batch = rl_batch(n_prompts=1, group=2, gen_len=5, seed=3, rewards=torch.tensor([1.0, 0.0]))
+    batch["step_map"] = torch.arange(5).expand(2, 5).clone()
+    algo.corrupt(ctx, batch, 0)
+    base = len(algo.forwards(ctx, batch))
+    with torch.no_grad():
+        before = algo.log_likelihood(ctx, model, batch, batch.meta["ar_views"]).value
+    monkeypatch.setattr(jg, "agree_max", lambda values, device: [v + 2 for v in values])
+    views = algo.forwards(ctx, batch)
+    assert len(views) == base + 2 and not views[-1].targets.any()
+    with torch.no_grad():
+        after = algo.log_likelihood(ctx, model, batch, batch.meta["ar_views"]).value
+    assert torch.equal(before, after)
+    batch["advantages"] = algo.advantages(ctx, batch)
+    ctx.norms = algo.normalizers(batch)
+    algo.backward(ctx, model, batch, 0)
+
+
+@pytest.mark.slow
+def test_two_processes_reproduce_one_process(tmp_path):
+    """Ranks hold different numbers of AR states (rows stop early): they agree on the number of forwards (FSDP) and
+    the global normalisers make the 2-process losses equal the 1-process ones."""
+    from tests.algorithms.trajectory_helpers import train_subprocess
+    args = ["model.path=tiny:llada", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
+            "rollout.sampler={gen_length: 8, block_length: 1, steps: 8, temperature: 1.0}",
+            "algorithm.tokens_per_forward=200"]
+    one = train_subprocess(tmp_path, tmp_path / "one", "justgrpo", *args)
+    two = train_subprocess(tmp_path, tmp_path / "two", "justgrpo", *args, "distributed.nproc=2")
+    assert any(abs(a["loss"]) > 1e-6 for a in one)
+    for a, b in zip(one, two):
+        assert a["completion_len"] == b["completion_len"]
+        for key in ("loss", "entropy", "grad_norm", "ratio_mean"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)

@@ -38,6 +38,7 @@ from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import (AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig, aggregation_weights, clipped_surrogate,
                    kl_penalty)
+from .tracerl import agree_max
 from .views import prompt_completion_view, with_attention_blocks
 
 
@@ -166,7 +167,17 @@ class JustGRPO(GRPOAlgorithm):
         mask_id = ctx.adapter.mask_token_id
         if ctx.adapter.is_block_causal:
             return [ar_block_view(batch, targets, mask_id)]
-        return ar_state_views(batch, targets, mask_id, self.config.tokens_per_forward)
+        views = ar_state_views(batch, targets, mask_id, self.config.tokens_per_forward)
+        # Data-parallel ranks run the same number of forwards (FSDP): pad with views that score nothing.
+        (count,) = agree_max([len(views)], targets.device)
+        if count > len(views):
+            one = torch.zeros_like(targets)
+            one[0, 0] = True
+            (v,) = ar_state_views(batch, one, mask_id, 1)  # a one-row state, then stripped of its target
+            pad = View(v.input_ids, torch.zeros_like(v.targets), v.labels, attention_mask=v.attention_mask,
+                       score_index=v.score_index, info={k: x[:0] for k, x in v.info.items()})
+            views += [pad] * (count - len(views))
+        return views
 
     def _run(self, ctx: StepContext, model, batch: Batch, v: View, with_entropy: bool):
         """(logp [B, Lc], entropy or None, scored [B, Lc] bool) of one forward."""
