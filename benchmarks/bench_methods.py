@@ -49,13 +49,15 @@ class Counter:
         return {"calls": self.calls, "rows": self.rows, "tokens": self.tokens}
 
 
-def _median_time(fn, reps: int) -> float:
-    times = []
+def _interleaved_medians(fns: dict, reps: int) -> dict:
+    """Median seconds of each function, the variants run in turn (A, B, A, B, ...) so load spikes hit both."""
+    times = {k: [] for k in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _model(family: str, quick: bool):
@@ -145,7 +147,7 @@ def bench_justgrpo(family: str, quick: bool) -> dict:
     ctx.norms = algo.normalizers(batch)
     views = batch["views"][0]
     counter = Counter(model)
-    reps = 1 if quick else 3
+    reps = 1 if quick else 5
     res = {"family": family, "rows": B, "gen_length": Lc, "scored": int(batch["ar_targets"].sum())}
 
     def ours_score():
@@ -170,11 +172,10 @@ def bench_justgrpo(family: str, quick: bool) -> dict:
         res[name] = {**counter.snapshot(), "value": value}
     tgt = batch["ar_targets"]
     res["max_abs_diff"] = float((res["naive"].pop("value") - res["dare"].pop("value"))[tgt].abs().max())
-    # interleaved timing: naive, dare, naive, dare ...
-    for name, fn in (("naive", naive_score), ("dare", ours_score)):
-        res[name]["score_s"] = _median_time(fn, reps)
-    for name, fn in (("naive", naive_update), ("dare", ours_update)):
-        res[name]["update_s"] = _median_time(fn, reps)
+    for key, fns in (("score_s", {"naive": naive_score, "dare": ours_score}),
+                     ("update_s", {"naive": naive_update, "dare": ours_update})):
+        for name, t in _interleaved_medians(fns, reps).items():
+            res[name][key] = t
     counter.handle.remove()
     res["score_speedup"] = res["naive"]["score_s"] / res["dare"]["score_s"]
     res["update_speedup"] = res["naive"]["update_s"] / res["dare"]["update_s"]
@@ -202,7 +203,7 @@ def bench_tree(family: str, branching: list[int], quick: bool, cache: str) -> di
     for b in branching:
         leaves *= b
     counter = Counter(model)
-    reps = 1 if quick else 3
+    reps = 1 if quick else 5
     res = {"family": family, "cache": cache, "branching": branching, "cuts": cuts, "gen_length": G,
            "prompts": len(prompts), "leaves": leaves}
     runs = (("independent", lambda: generate(model, prompts, sampler, n=leaves, seeds=seeds).nfe),
@@ -211,8 +212,8 @@ def bench_tree(family: str, branching: list[int], quick: bool, cache: str) -> di
         counter.reset()
         nfe = fn()
         res[name] = {**counter.snapshot(), "nfe": nfe}
-    for name, fn in runs:
-        res[name]["time_s"] = _median_time(fn, reps)
+    for name, t in _interleaved_medians(dict(runs), reps).items():
+        res[name]["time_s"] = t
     counter.handle.remove()
     res["row_ratio"] = res["independent"]["rows"] / res["tree"]["rows"]
     res["token_ratio"] = res["independent"]["tokens"] / res["tree"]["tokens"]

@@ -40,7 +40,7 @@ import torch
 
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .d1 import completion_view
-from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig
+from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig, group_mean_std
 from .views import with_attention_blocks
 
 
@@ -81,31 +81,25 @@ class DTreeRPOConfig(GRPOConfig):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _group_mean(values: torch.Tensor, groups: torch.Tensor, size: int) -> torch.Tensor:
-    v = values.double()
-    total = torch.zeros(size, dtype=v.dtype, device=v.device).index_add_(0, groups, v)
-    count = torch.zeros(size, dtype=v.dtype, device=v.device).index_add_(0, groups, torch.ones_like(v))
-    return total / count.clamp_min(1.0)
-
-
 def node_values(leaf_values: torch.Tensor, parents: list[torch.Tensor]) -> list[torch.Tensor]:
     """Values of every level's nodes, bottom-up: leaves keep their reward, a node takes its children's mean."""
     values = [None] * len(parents)
     values[-1] = leaf_values.double()
     for k in range(len(parents) - 1, 0, -1):
-        values[k - 1] = _group_mean(values[k], parents[k], int(parents[k - 1].numel()))
+        mean, _, _ = group_mean_std(values[k], parents[k])  # per child: its parent's children mean
+        parent_of = parents[k].to(mean.device)
+        values[k - 1] = torch.zeros(int(parents[k - 1].numel()), dtype=mean.dtype, device=mean.device)
+        values[k - 1][parent_of] = mean
     return values
 
 
 def local_advantages(values: list[torch.Tensor], parents: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per level: node value minus the mean value of its siblings (same parent; 0 without siblings)."""
+    """Per level: node value minus the mean value of its siblings (same parent). An only child's sibling mean counts
+    as 0 (its advantage is its value), as the reference."""
     out = []
     for v, p in zip(values, parents):
-        _, inv = torch.unique(p, return_inverse=True)
-        n = int(inv.max()) + 1 if inv.numel() else 0
-        total = torch.zeros(n, dtype=v.dtype, device=v.device).index_add_(0, inv, v)[inv]
-        count = torch.zeros(n, dtype=v.dtype, device=v.device).index_add_(0, inv, torch.ones_like(v))[inv]
-        others = torch.where(count > 1, (total - v) / (count - 1).clamp_min(1.0), torch.zeros_like(v))
+        mean, _, n = group_mean_std(v, p)
+        others = torch.where(n > 1, (mean * n - v) / (n - 1).clamp_min(1.0), torch.zeros_like(v))
         out.append((v - others).float())
     return out
 
@@ -267,7 +261,7 @@ class DTreeRPO(GRPOAlgorithm):
         batch = concat_batches(parts, pad)
         batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": nfe, "block_length": sampler.block_length})
         metrics = stage.metrics(torch.cat(leaf_rewards), torch.cat(leaf_masks), nfe, t_roll, t_rew)
-        metrics["segments"] = float(batch.size)
+        metrics["segments"] = stage.env.all_reduce_sums({"segments": float(batch.size)})["segments"]
         return batch, metrics
 
     # --- (3) corruption ----------------------------------------------------------------------------------
