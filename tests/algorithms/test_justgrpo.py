@@ -61,8 +61,9 @@ def _scored(algo, ctx, model, batch):
 @pytest.mark.parametrize("family,pack", [("llada", 10_000), ("llada", 40), ("dream", 1), ("sdar", 0)])
 def test_summed_token_logps_equal_the_brute_force_likelihood(family, pack):
     """Golden: per-token AR log-probs (packed states / one block-size-1 pass) = one masked sequence per token."""
-    model, algo, ctx = _setup(family, tokens_per_forward=max(pack, 1), temperature=0.7)
+    model, algo, ctx = _setup(family, tokens_per_forward=max(pack, 1))
     batch = rl_batch(n_prompts=2, group=2, prompt_lens=(5, 9), gen_len=7, seed=4)
+    batch.meta["temperature"] = 0.7  # the sampler's (JustGRPO.collect records it)
     batch["step_map"] = torch.arange(7).expand(4, 7).clone()
     ours = _scored(algo, ctx, model, batch)
     targets = batch["ar_targets"]
@@ -130,15 +131,18 @@ def test_greedy_left_to_right_rollout_picks_the_argmax_of_every_scored_condition
     assert torch.allclose(ours, brute_force_logp(model, batch, targets), atol=2e-5)
 
 
-def test_check_rollout_names_the_setting():
+def test_check_rollout_names_the_setting_and_collect_decodes_left_to_right():
+    from dare.algorithms.justgrpo import ar_sampler
     model, algo, _ = _setup("llada")
-    algo.check_rollout(SamplerConfig(gen_length=8, block_length=1, temperature=1.0), model.adapter)
-    bad = [({"block_length": 8}, "block_length: 1"), ({"cfg_scale": 0.5}, "cfg_scale"), ({"top_p": 0.9}, "top_p"),
-           ({"temperature": 0.6}, "temperature")]
+    algo.check_rollout(SamplerConfig(gen_length=8, block_length=8, temperature=1.0), model.adapter)
+    bad = [({"cfg_scale": 0.5}, "cfg_scale"), ({"top_p": 0.9}, "top_p"), ({"top_k": 5}, "top_k"),
+           ({"temperature": 0.0}, "temperature")]
     for kw, match in bad:
-        cfg = SamplerConfig(**{"gen_length": 8, "block_length": 1, "temperature": 1.0, **kw})
+        cfg = SamplerConfig(**{"gen_length": 8, "block_length": 8, "temperature": 1.0, **kw})
         with pytest.raises(ValueError, match=match):
             algo.check_rollout(cfg, model.adapter)
+    ar = ar_sampler(SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=0.7, threshold=0.9))
+    assert (ar.block_length, ar.steps, ar.temperature, ar.threshold) == (1, 8, 0.7, 0.9)
 
 
 def test_advantages_use_the_unbiased_std_and_valid_samples_normalise():
@@ -195,13 +199,15 @@ def test_recipe_defaults():
     recipe = load_recipe(ROOT / "recipes/rl/justgrpo.yaml")
     cfg = recipe.algorithm
     assert isinstance(cfg, JustGRPOConfig) and cfg.clip_low == 0.2 and cfg.beta == 0.0 and cfg.inner_iterations == 1
-    assert recipe.rollout.sampler.block_length == 1 and recipe.rollout.sampler.temperature == cfg.temperature
+    assert cfg.advantage == "mean_std" and cfg.advantage_eps == 1e-4 and cfg.aggregation == "seq_mean_token_sum_norm"
+    assert recipe.rollout.sampler.block_length == 1 and recipe.rollout.sampler.temperature == 1.0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
-    learns_toy_reward(tmp_path, "justgrpo", family, "rollout.sampler.block_length=1", "algorithm.inner_iterations=4")
+    # (the test's sampler has block length 4 / 8: JustGRPO decodes it left to right with block length 1)
+    learns_toy_reward(tmp_path, "justgrpo", family, "algorithm.inner_iterations=4")
 
 
 def test_padding_views_score_nothing_and_keep_the_gradient_path(monkeypatch):

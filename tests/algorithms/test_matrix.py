@@ -71,9 +71,7 @@ def run_cell(tmp_path, name: str, family: str):
         # size on block models (TraceRL / DiRL replay the model's blocks).
         block = TINY_BLOCK if family_attention()[family] == "block_causal" else 8
         recipe = load_recipe(tiny_recipe(name))
-        sampler = ["rollout.sampler.gen_length=8"]
-        if recipe.rollout.sampler.block_length != 1:  # a left-to-right recipe (one-token blocks) keeps its order
-            sampler.append(f"rollout.sampler.block_length={block}")
+        sampler = ["rollout.sampler.gen_length=8", f"rollout.sampler.block_length={block}"]
         if recipe.rollout.sampler.steps_per_block is None:
             sampler.append("rollout.sampler.steps=8")
         overrides += ["rollout.group_size=4", "reward.name=mc_test_sevens", "reward.workers=0",

@@ -41,6 +41,7 @@ import torch
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .d1 import completion_view
 from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig, group_mean_std
+from .paper import PaperSettings
 from .views import with_attention_blocks
 
 
@@ -216,6 +217,10 @@ class DTreeRPO(GRPOAlgorithm):
     name = "dtreerpo"
     config_class = DTreeRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    paper = PaperSettings(
+        lr=3e-5, grad_clip=0.2, temperature=0.9, lora=True,
+        source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft; the "
+               "same file for every task script), diffu_grpo_config.py (temperature 0.9)")
 
     def check_rollout(self, sampler, adapter) -> None:
         for key, bad in (("record_trajectory", sampler.record_trajectory), ("rcr", sampler.rcr),

@@ -1,10 +1,12 @@
 """JustGRPO: GRPO on the exact likelihood of the autoregressive (left-to-right) order (Ni et al. 2026, "The
 Flexibility Trap", arXiv 2601.15165; code: LeapLabTHU/JustGRPO ``grpo.py``).
 
-**Rollout.** One token per denoising step, left to right: ``rollout.sampler.block_length: 1`` (``check_rollout``
-refuses anything else). Each step then commits the only masked position of its block, so whatever the remasking
-rule, token t is drawn from ``p(y_t | x, y_<t, masks after t)`` with the sampler's temperature: the rollout policy
+**Rollout.** One token per denoising step, left to right: the method decodes the recipe's sampler with block length
+1 and ``steps = gen_length`` (``collect``; another ``rollout.sampler.block_length`` is replaced, with a log line).
+Each step then commits the only masked position of its block, so whatever the remasking rule, token t is drawn from
+``p(y_t | x, y_<t, masks after t)`` at the sampler's temperature, which the log-probs use too: the rollout policy
 *is* the scored one (up to the mask token, which the sampler never draws and a trained model gives ~0 mass).
+``check_rollout`` refuses what would change that policy (``cfg_scale``, ``top_p``, ``top_k``, ``rcr``, editing, T = 0).
 
 **Likelihood.** ``log pi(y | x) = sum_t log p(y_t | x, y_<t, [MASK] * (L - t))``, read at position t of the state
 where the completion's tokens before t are revealed and every later position is masked:
@@ -23,12 +25,14 @@ The reference (and the original DARE port) runs one forward per position t over 
 **Loss** (``grpo.py: logprob_loss``): token-level clipped ratio (eps 0.2) with mu = 1 (``old = logp.detach()``),
 no KL, advantages ``(r - mean) / (std + 1e-4)`` with the *unbiased* group std (``compute_group_advantages``), the
 per-token terms summed over every generated position and divided by ``gen_length x`` the number of samples with a
-non-zero advantage (``scale = gain / gen_length / valid_samples``). Rollouts sample at temperature 1 and the
-log-probs use ``logits / temperature`` with the same value. Defaults follow the reference ``train.py`` (lr 5e-6,
+non-zero advantage (``scale = gain / gen_length / valid_samples``). Rollouts sample at temperature 1 (the paper
+settings). Defaults follow the reference ``train.py`` (lr 5e-6,
 16 completions per prompt, gen_length = steps = 256, grad clip 1.0, no weight decay).
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -38,8 +42,11 @@ from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import (AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig, aggregation_weights, clipped_surrogate,
                    kl_penalty)
+from .paper import PaperSettings
 from .tracerl import agree_max
 from .views import prompt_completion_view, with_attention_blocks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,7 +58,6 @@ class JustGRPOConfig(GRPOConfig):
     advantage: AdvantageMode = "mean_std"  # compute_group_advantages: unbiased std (torch.std), eps 1e-4
     advantage_eps: float = 1e-4
     aggregation: Aggregation = "seq_mean_token_sum_norm"  # gain / gen_length / valid_samples
-    temperature: float = 1.0  # sample(temperature=1.) and logprob_loss(temperature=1.): logits / T
     # Positions after the completion mask (the first stop token) that are scored when the sampler wrote them; None:
     # all of them (the reference scores every generated position; with block_stop the sampler writes none).
     post_tokens: Optional[int] = None
@@ -60,12 +66,15 @@ class JustGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (the scored policy is softmax(logits / T)), got {self.temperature}")
         if self.post_tokens is not None and self.post_tokens < 0:
             raise ValueError(f"post_tokens must be >= 0 or null, got {self.post_tokens}")
         if self.tokens_per_forward < 1:
             raise ValueError(f"tokens_per_forward must be >= 1, got {self.tokens_per_forward}")
+
+
+def ar_sampler(sampler):
+    """The recipe's sampler decoding one token per step, left to right (block length 1)."""
+    return dataclasses.replace(sampler, block_length=1, steps=sampler.gen_length, steps_per_block=None)
 
 
 def ar_targets(batch: Batch, post_tokens: Optional[int]) -> torch.Tensor:
@@ -113,20 +122,28 @@ class JustGRPO(GRPOAlgorithm):
     name = "justgrpo"
     config_class = JustGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    paper = PaperSettings(
+        lr=5e-6, grad_clip=1.0, temperature=1.0,
+        source="LeapLabTHU/JustGRPO train.py (learning_rate 5e-6, max_grad_norm 1.0, num_generations 8 x repeat_times 2), "
+               "grpo.py (sample(temperature=1.), block_length=1)")
 
     def check_rollout(self, sampler, adapter) -> None:
-        cfg = self.config
-        if sampler.block_length != 1:
-            raise ValueError(f"justgrpo trains on left-to-right rollouts: set rollout.sampler.block_length: 1 "
-                             f"(got {sampler.block_length})")
         for key, bad in (("cfg_scale", sampler.cfg_scale > 0), ("rcr", sampler.rcr),
                          ("editing_threshold", sampler.editing_threshold is not None),
-                         ("top_p", sampler.top_p not in (None, 1.0)), ("top_k", bool(sampler.top_k))):
+                         ("top_p", sampler.top_p not in (None, 1.0)), ("top_k", bool(sampler.top_k)),
+                         ("temperature", sampler.temperature <= 0)):
             if bad:
-                raise ValueError(f"justgrpo scores softmax(logits / T); rollout.sampler.{key} changes the rollout policy")
-        if sampler.temperature != cfg.temperature:
-            raise ValueError(f"justgrpo: rollout.sampler.temperature={sampler.temperature} must equal "
-                             f"algorithm.temperature={cfg.temperature} (the rollout policy is the scored one)")
+                raise ValueError(f"justgrpo scores the sampled policy softmax(logits / T), T > 0; "
+                                 f"rollout.sampler.{key}={getattr(sampler, key)} changes or removes it")
+        if sampler.block_length != 1:
+            log.info("justgrpo decodes left to right: rollout.sampler.block_length=%d is replaced by 1",
+                     sampler.block_length)
+
+    def collect(self, stage, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
+        """The group rollout of the recipe's sampler in AR order (block length 1, one token per step)."""
+        batch, metrics = stage.collect(ctx, prompts, model, sampler=ar_sampler(stage.recipe.rollout.sampler))
+        batch.meta["temperature"] = stage.recipe.rollout.sampler.temperature
+        return batch, metrics
 
     # --- advantages and normalisers -----------------------------------------------------------------------
     def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
@@ -182,7 +199,8 @@ class JustGRPO(GRPOAlgorithm):
     def _run(self, ctx: StepContext, model, batch: Batch, v: View, with_entropy: bool):
         """(logp [B, Lc], entropy or None, scored [B, Lc] bool) of one forward."""
         lp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
-                                position_ids=v.position_ids, chunk_size=ctx.chunk_size, temperature=self.config.temperature,
+                                position_ids=v.position_ids, chunk_size=ctx.chunk_size,
+                                temperature=batch.meta.get("temperature", 1.0),
                                 with_entropy=with_entropy)
         lp, scored = lp.gather(1, v.score_index), v.targets.gather(1, v.score_index)
         ent = ent.gather(1, v.score_index) if ent is not None else None

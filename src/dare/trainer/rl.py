@@ -126,17 +126,19 @@ class RolloutStage:
                 "completion_len": sums["len_sum"] / max(sums["n"], 1.0), "rollout_time": rollout_time,
                 "reward_time": reward_time, "nfe": float(nfe)}
 
-    def collect(self, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
-        """(1) generate ``group_size`` completions per prompt, (2) score them; returns the RL batch."""
+    def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[Batch, dict]:
+        """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
+        them; returns the RL batch."""
         from ..rollout import generate
         from .distributed import gathered_for_inference
         rc = self.recipe.rollout
+        sampler = sampler or rc.sampler
         t0 = time.perf_counter()
         uids = prompts["uid"].tolist()
         seeds = self.prompt_seeds(ctx, prompts)
         chunk = rc.micro_batch_size or len(uids)
         with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
-            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], rc.sampler, n=self.group, seeds=seeds[s:s + chunk])
+            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], sampler, n=self.group, seeds=seeds[s:s + chunk])
                      for s in range(0, len(uids), chunk)]
         ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
         t1 = time.perf_counter()
