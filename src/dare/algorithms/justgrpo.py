@@ -24,10 +24,9 @@ The reference (and the original DARE port) runs one forward per position t over 
 
 **Loss** (``grpo.py: logprob_loss``): token-level clipped ratio (eps 0.2) with mu = 1 (``old = logp.detach()``),
 no KL, advantages ``(r - mean) / (std + 1e-4)`` with the *unbiased* group std (``compute_group_advantages``), the
-per-token terms summed over every generated position and divided by ``gen_length x`` the number of samples with a
-non-zero advantage (``scale = gain / gen_length / valid_samples``). Rollouts sample at temperature 1 (the paper
-settings). Defaults follow the reference ``train.py`` (lr 5e-6,
-16 completions per prompt, gen_length = steps = 256, grad clip 1.0, no weight decay).
+per-token terms summed over every generated position and scaled by ``1 / (gen_length * (valid_samples + 1e-5))``,
+valid_samples = samples with a non-zero advantage. Defaults follow the reference ``train.py`` (lr 5e-6, temperature
+1, 16 completions per prompt, gen_length = steps = 256, grad clip 1.0, no weight decay).
 """
 from __future__ import annotations
 
@@ -58,6 +57,7 @@ class JustGRPOConfig(GRPOConfig):
     advantage: AdvantageMode = "mean_std"  # compute_group_advantages: unbiased std (torch.std), eps 1e-4
     advantage_eps: float = 1e-4
     aggregation: Aggregation = "seq_mean_token_sum_norm"  # gain / gen_length / valid_samples
+    valid_eps: float = 1e-5  # scale = gain / gen_length / (valid_samples + 1e-5): added to the sample count
     # Positions after the completion mask (the first stop token) that are scored when the sampler wrote them; None:
     # all of them (the reference scores every generated position; with block_stop the sampler writes none).
     post_tokens: Optional[int] = None
@@ -234,7 +234,8 @@ class JustGRPO(GRPOAlgorithm):
         old = old.to(logp.device)
         full = self.loss_mask(batch).to(logp.device)
         sel = full if select is None else full * select.float()
-        w = aggregation_weights(sel, cfg.aggregation, ctx.norms, batch["completion_ids"].shape[1], full.sum(-1))
+        norms = dict(ctx.norms, seqs=ctx.norms["seqs"] + cfg.valid_eps)
+        w = aggregation_weights(sel, cfg.aggregation, norms, batch["completion_ids"].shape[1], full.sum(-1))
         logp_s = torch.where(sel > 0, logp, old.detach())  # placeholders outside the selection: ratio 1, no grad
         per_tok, ratio, clipped = clipped_surrogate(logp_s, old, batch["advantages"].to(logp.device), cfg.clip_low,
                                                     cfg.clip_high, cfg.dual_clip, cfg.logratio_clamp)
