@@ -147,7 +147,7 @@ def bench_justgrpo(family: str, quick: bool) -> dict:
     ctx.norms = algo.normalizers(batch)
     views = batch["views"][0]
     counter = Counter(model)
-    reps = 1 if quick else 5
+    reps = 1 if quick else 3
     res = {"family": family, "rows": B, "gen_length": Lc, "scored": int(batch["ar_targets"].sum())}
 
     def ours_score():
@@ -203,7 +203,7 @@ def bench_tree(family: str, branching: list[int], quick: bool, cache: str) -> di
     for b in branching:
         leaves *= b
     counter = Counter(model)
-    reps = 1 if quick else 5
+    reps = 1 if quick else 3
     res = {"family": family, "cache": cache, "branching": branching, "cuts": cuts, "gen_length": G,
            "prompts": len(prompts), "leaves": leaves}
     runs = (("independent", lambda: generate(model, prompts, sampler, n=leaves, seeds=seeds).nfe),
@@ -225,12 +225,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the raw numbers here")
+    ap.add_argument("--part", choices=("all", "justgrpo", "tree"), default="all")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    jg = [bench_justgrpo(f, args.quick) for f in ("llada", "sdar")]
-    trees = [bench_tree("llada", [4, 4], args.quick, "none"), bench_tree("llada", [4, 4], args.quick, "dual"),
-             bench_tree("llada", [2, 2, 2], args.quick, "none"), bench_tree("sdar", [4, 4], args.quick, "block"),
-             bench_tree("sdar", [2, 2, 2], args.quick, "block")]
+    jg = [bench_justgrpo(f, args.quick) for f in ("llada", "sdar")] if args.part in ("all", "justgrpo") else []
+    trees = ([bench_tree("llada", [4, 4], args.quick, "none"), bench_tree("llada", [4, 4], args.quick, "dual"),
+              bench_tree("llada", [2, 2, 2], args.quick, "none"), bench_tree("sdar", [4, 4], args.quick, "block"),
+              bench_tree("sdar", [2, 2, 2], args.quick, "block")] if args.part in ("all", "tree") else [])
+    if jg:
+        print_justgrpo(jg)
+    if trees:
+        print_trees(trees)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"justgrpo": jg, "tree": trees}, indent=2))
+    return 0
+
+
+def print_justgrpo(jg: list) -> None:
     print("| JustGRPO AR log-likelihood | naive: forwards / tokens | dare: forwards / tokens | scoring time "
           "naive / dare | update (fwd+bwd) time naive / dare | max diff |")
     print("|---|---|---|---|---|---|")
@@ -241,6 +252,9 @@ def main(argv=None) -> int:
               f"{r['score_speedup']:.1f}x | {n['update_s']:.2f} s / {d['update_s']:.2f} s = {r['update_speedup']:.1f}x "
               f"| {r['max_abs_diff']:.1e} |")
     print()
+
+
+def print_trees(trees: list) -> None:
     print("| d-TreeRPO rollout | independent: calls / seq-forwards / tokens | tree: calls / seq-forwards / tokens | "
           "seq-forwards ratio | tokens ratio | time independent / tree |")
     print("|---|---|---|---|---|---|")
@@ -250,9 +264,6 @@ def main(argv=None) -> int:
               f"per prompt, cuts at {r['cuts']}, gen {r['gen_length']} | {i['calls']} / {i['rows']} / {i['tokens']} | "
               f"{t['calls']} / {t['rows']} / {t['tokens']} | {r['row_ratio']:.2f}x | {r['token_ratio']:.2f}x | "
               f"{i['time_s']:.2f} s / {t['time_s']:.2f} s = {r['speedup']:.2f}x |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"justgrpo": jg, "tree": trees}, indent=2))
-    return 0
 
 
 if __name__ == "__main__":
