@@ -203,6 +203,8 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "cj_grpo": "yjyddq/EOSER-ASS-RL",
     "dllm_rl": "Gen-Verse/dLLM-RL",
     "dirl": "OpenMOSS/DiRL",
+    "justgrpo": "LeapLabTHU/JustGRPO",
+    "dtreerpo": "THU-BPM/d-TreeRPO",
 }
 
 

@@ -113,6 +113,11 @@ ADJUST = {
                       per_kind={"block_causal": {"shrink": 1}}),
     "tracerl": Adjust("TraceRL's trajectory shrinkage: 8 on full attention (rl_llada.yaml), 1 on block models "
                       "(rl_sdar.yaml)", per_kind={"bidirectional": {"shrink": 8}, "block_causal": {"shrink": 1}}),
+    "justgrpo": Adjust("JustGRPO's rollouts decode this sampler one token per step, left to right (block length 1, "
+                       "steps = gen_length: the method's own rollout, docs/algorithms/justgrpo.md)"),
+    "dtreerpo": Adjust("d-TreeRPO's tree replaces the group: 2 trunks x 4 branches = 8 leaves per prompt, the unified "
+                       "group size (the authors' 4 x 4 = 16; docs/algorithms/dtreerpo.md)",
+                       algorithm={"trunks": 2, "branch_factor": 4}),
     "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
                   per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
                             "sudoku": {"eubo_beta": 1.0}}),

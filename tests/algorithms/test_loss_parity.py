@@ -145,6 +145,26 @@ def mdpo(algo, x, monkeypatch):
     return algo.loss(ctx, batch, current, 0)[0], {"logp_steps": logp}
 
 
+@runner("dtreerpo")
+def dtreerpo(algo, x, monkeypatch):
+    """d-TreeRPO: segment targets (committed in the child, masked in the parent, up to the child's first stop), the
+    given local advantages, self-distillation weights at the case's step, and the loss."""
+    from dare.algorithms.dtreerpo import segment_targets
+    from tests.algorithms.parity_io import MASK_ID
+
+    def steps(ids):  # a step map that marks what is written
+        return torch.where(ids != MASK_ID, 0, -1)
+
+    targets = segment_targets(steps(x["completion_ids"]), steps(x["parent_ids"]), x["completion_mask"])
+    batch = rl_batch(x, parent_ids=x["parent_ids"], tree_advantages=x["tree_advantages"], segment_targets=targets)
+    ctx = StepContext(step=int(x["global_step"]), seed=0, adapter=stub_adapter())
+    batch["advantages"] = algo.advantages(ctx, batch)
+    batch["views"] = {0: algo.corrupt(ctx, batch, 0)}
+    ctx.norms = algo.normalizers(batch)
+    logp = leaf(x, "logp")
+    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
+
+
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -153,7 +173,8 @@ CASES = case_paths()
 
 def test_every_registered_method_with_published_code_has_a_case():
     methods = {load_case(p)["method"] for p in CASES}
-    assert {"d1", "wd1", "coupled_grpo", "spg", "espo", "mdpo", "cj_grpo", "tracerl", "dirl"} <= methods
+    assert {"d1", "wd1", "coupled_grpo", "spg", "espo", "mdpo", "cj_grpo", "tracerl", "dirl", "justgrpo",
+            "dtreerpo"} <= methods
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])

@@ -21,6 +21,9 @@ algorithm's name: it calls the hooks below, each with a default, so a method is 
   metrics are *additive*: each micro-batch returns its share of the global value, normalised with the global
   counts in ``ctx.norms`` (from ``normalizers``, summed over micro-batches and ranks by the loop), so results
   do not depend on micro-batching or the number of processes.
+* ``check_rollout(sampler, adapter)`` / ``collect(stage, ctx, prompts, model)`` -- RL only: a start-up check of the
+  recipe's sampler (JustGRPO needs block length 1), and stages (1)-(2) for a method whose rollout is not G
+  independent completions per prompt (d-TreeRPO's trees; default: the stage's group rollout).
 * ``backward(ctx, model, batch, iteration, loss_scale) -> metrics`` -- runs the update's autograd for one
   micro-batch. The default builds one graph (``log_likelihood`` -> ``loss`` -> ``backward``); a method that
   needs more (VRPO's two-pass gradient, BGPO's per-MC-sample backward) overrides it, and the loop does not care.
@@ -291,6 +294,16 @@ class Algorithm:
             from .matrix import families_of
             raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
                              f"{adapter.attention!r} (supported families: {', '.join(families_of(self.supports))})")
+
+    def check_rollout(self, sampler, adapter) -> None:
+        """A clear error when the recipe's ``rollout.sampler`` cannot produce what the method trains on (the loop calls
+        it at start-up, after ``check_model``; RL methods only). Default: any sampler."""
+
+    def collect(self, stage, ctx: "StepContext", prompts: "Batch", model) -> tuple["Batch", dict]:
+        """Stages (1) rollout and (2) reward: the RL batch and its metrics. Default: ``group_size`` independent
+        completions per prompt (``dare.trainer.rl.RolloutStage.collect``); a method with another rollout shape
+        (d-TreeRPO's trees) builds its batch here with the stage's sampler, seeds and reward scorer."""
+        return stage.collect(ctx, prompts, model)
 
     # --- what the loop must prepare -------------------------------------------------------------------
     @property

@@ -176,6 +176,30 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norms: dic
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
+def aggregation_weights(mask: torch.Tensor, mode: str, norms: dict, length: int,
+                        seq_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-token weights ``w [B, L]`` with ``aggregate(x, mask, mode, norms, length) == (x * w).sum()``.
+
+    For methods that score a micro-batch's tokens in several forwards and back-propagate each one on its own (the
+    loss is linear in the per-token terms once the global counts are fixed). ``seq_counts [B]``: the per-sequence
+    token counts of ``seq_mean_token_mean`` when ``mask`` is only part of each sequence's tokens.
+    """
+    m = mask.float()
+    if mode == "token_mean":
+        return m / max(norms["tokens"], 1.0)
+    if mode == "token_sum":
+        return m
+    seqs = max(norms["seqs"], 1.0)
+    if mode == "seq_mean_token_mean":
+        counts = m.sum(-1) if seq_counts is None else seq_counts.float()
+        return m / (counts.clamp_min(1.0)[:, None] * seqs)
+    if mode == "seq_mean_token_sum":
+        return m / seqs
+    if mode == "seq_mean_token_sum_norm":
+        return m / (seqs * length)
+    raise ValueError(f"unknown aggregation {mode!r}")
+
+
 def rl_view(ctx: StepContext, batch: Batch, completion_input: torch.Tensor, targets: torch.Tensor,
             prompt_input: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None, info=None,
             block_layout: bool = False) -> View:

@@ -42,3 +42,11 @@ def prompt_completion_view(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
         return View(torch.cat([noisy, clean], dim=1), full_targets, clean, full_weight, layout=layout,
                     score_index=index, info=dict(info or {}))
     return View(noisy, full_targets, clean, full_weight, attention_mask=valid, score_index=index, info=dict(info or {}))
+
+
+def with_attention_blocks(view: View, block_size: int) -> View:
+    """A ``[x_t ; x_0]`` view whose attention uses ``block_size`` -- the sampler's block length -- instead of the
+    model's (a dense mask from the same rule: noisy block b sees itself and the clean blocks before it)."""
+    dense = attn_masks.dense_mask(view.layout, view.layout, block_size)
+    return View(view.input_ids, view.targets, view.labels, view.weight, attention_mask=dense,
+                position_ids=view.layout.pos, score_index=view.score_index, info=view.info)

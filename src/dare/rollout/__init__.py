@@ -1,7 +1,8 @@
 """Batched diffusion samplers for every family (see ``generate`` and docs/samplers.md)."""
-from .api import Rollout, Trajectory, check_config, decode_completions, generate
+from .api import Rollout, Trajectory, check_config, decode_completions, generate, resume, steps_per_block
 from .config import SamplerConfig
 from .selection import REMASKINGS, Remasking, register_remasking
+from .tree import TreeRollout, generate_tree
 
-__all__ = ["SamplerConfig", "Rollout", "Trajectory", "generate", "decode_completions", "check_config",
-           "REMASKINGS", "Remasking", "register_remasking"]
+__all__ = ["SamplerConfig", "Rollout", "Trajectory", "generate", "resume", "steps_per_block", "decode_completions", "check_config",
+           "REMASKINGS", "Remasking", "register_remasking", "TreeRollout", "generate_tree"]

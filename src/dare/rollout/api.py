@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .block import build_block_state, run_block
+from .block import block_schedule, build_block_state, run_block
 from .config import SamplerConfig
 from .masked import build_masked_state, masked_steps, run_masked
 from .selection import REMASKINGS
@@ -49,6 +49,10 @@ class Rollout:
     num_steps: Optional[torch.Tensor] = None  # [N] denoising steps each row took
     seeds: Optional[list[int]] = None  # per-row sampling seeds (None for deterministic decoding)
     stop_token_ids: tuple[int, ...] = ()
+    # A paused rollout (``generate(until_step=...)``): the schedule point (block, step in block) where decoding
+    # stopped; completions keep the mask id where nothing is committed yet; ``finished`` = rows already done.
+    paused_at: Optional[tuple[int, int]] = None
+    finished: Optional[torch.Tensor] = None
 
     @property
     def prompt_ids(self) -> torch.Tensor:
@@ -103,52 +107,130 @@ def _needs_random(config: SamplerConfig) -> bool:
     return config.temperature > 0 or config.remasking in ("random", "origin") or bool(config.alg_temp)
 
 
+def steps_per_block(model, config: SamplerConfig) -> int:
+    """Denoising steps of one block in the sampler's schedule (a schedule step s is block s // it, step s % it)."""
+    if model.adapter.is_block_causal:
+        return int(block_schedule(config).numel())
+    return masked_steps(config)[1]
+
+
+def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resuming: bool):
+    if until_step is None and not resuming:
+        return None
+    for name, bad in (("record_trajectory", config.record_trajectory), ("rcr", config.rcr),
+                      ("editing_threshold", config.editing)):
+        if bad:
+            raise ValueError(f"{name} cannot be combined with pausing or resuming a rollout (its per-block state "
+                             f"is not carried over)")
+    if until_step is None:
+        return None
+    if until_step < 0:
+        raise ValueError(f"until_step must be >= 0, got {until_step}")
+    spb = steps_per_block(model, config)
+    return (until_step // spb, until_step % spb)
+
+
 @torch.no_grad()
 def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None, generator: Optional[torch.Generator] = None,
-             n: int = 1, seeds: Optional[Sequence[int]] = None, attention_mask: Optional[torch.Tensor] = None) -> Rollout:
+             n: int = 1, seeds: Optional[Sequence[int]] = None, attention_mask: Optional[torch.Tensor] = None,
+             until_step: Optional[int] = None) -> Rollout:
     """Decode ``n`` samples of every prompt (token-id lists, or a padded tensor + ``attention_mask``).
 
     Sample j of prompt i draws from its own generator seeded by (seeds[i] or a seed derived from
     ``generator``, j), so nothing about a sample's decoding depends on the other rows; only the float rounding of
-    the batched forward does (docs/samplers.md: what is bitwise reproducible and what is not).
+    the batched forward does (docs/samplers.md: what is bitwise reproducible and what is not). ``until_step`` pauses
+    the decode where the schedule reaches that step (block ``until_step // steps_per_block``, its step
+    ``until_step % steps_per_block``; rows decode blocks in lock step, so every row pauses at the same point):
+    the rollout is partial and ``resume`` continues it.
     """
     config = config or SamplerConfig()
     if n < 1:
         raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
     check_config(model, config)
+    pause = _pause_point(model, config, until_step, resuming=False)
     adapter = model.adapter
     device = model.device
-    stop_ids = make_stop_ids(config.stop_token_ids, adapter, device)
-    fill_id = adapter.eos_token_id if adapter.eos_token_id is not None else (int(stop_ids[0]) if stop_ids.numel() else adapter.pad_token_id)
-    pad_id = adapter.pad_token_id if adapter.pad_token_id is not None else fill_id
-    if pad_id is None:
-        raise ValueError(f"{adapter.family}: the model has no pad/eos token id; set stop_token_ids")
-    batch = make_prompt_batch(prompts, attention_mask, pad_id, device)
+    batch = make_prompt_batch(prompts, attention_mask, _special_ids(adapter, config, device)[2], device)
     bad = ((batch.ids == adapter.mask_token_id) & batch.mask).any(1).nonzero().flatten().tolist()
     if bad:
         raise ValueError(f"prompt(s) {bad} contain the mask token id {adapter.mask_token_id}")
     num_prompts = batch.ids.shape[0]
     batch, prompt_index = expand_prompts(batch, n)
     gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config) else (None, None))
+    return _decode(model, config, batch, prompt_index, n, gens, sample_seeds, pause)
+
+
+@torch.no_grad()
+def resume(model, partial: Rollout, config: Optional[SamplerConfig] = None, n: int = 1,
+           seeds: Optional[Sequence[int]] = None, generator: Optional[torch.Generator] = None,
+           until_step: Optional[int] = None) -> Rollout:
+    """Continue a paused rollout: every row of ``partial`` continues ``n`` times (its continuations adjacent, each
+    with its own generator from ``seeds[row]`` as ``generate`` seeds prompts) from the state it paused in, with the
+    same sampler ``config``; ``until_step`` pauses again. Branching a decode into a tree is ``resume`` with n > 1.
+
+    The exact block cache and uncached decoding continue exactly as if never paused (greedy decoding gives the same
+    tokens); a prefix / dual cache is refreshed at the resumed step."""
+    config = config or SamplerConfig()
+    if partial.paused_at is None:
+        raise ValueError("resume needs a paused rollout: generate(..., until_step=...) or resume(..., until_step=...)")
+    if n < 1:
+        raise ValueError(f"n (continuations per row) must be >= 1, got {n}")
+    check_config(model, config)
+    pause = _pause_point(model, config, until_step, resuming=True)
+    if pause is not None and pause <= tuple(partial.paused_at):
+        raise ValueError(f"until_step={until_step} is not after the point the rollout paused at {partial.paused_at}")
+    device = model.device
+    mask = partial.prompt_mask.bool().to(device)
+    rows = PromptBatch(partial.prompt_ids.to(device), mask, mask.long().sum(1))
+    batch, row_index = expand_prompts(rows, n)
+    gens, sample_seeds = (sample_generators(rows.ids.shape[0], n, generator, seeds, device) if _needs_random(config)
+                          else (None, None))
+    return _decode(model, config, batch, partial.prompt_index.to(device)[row_index], n, gens, sample_seeds, pause,
+                   (partial, row_index))
+
+
+def _special_ids(adapter, config: SamplerConfig, device):
+    """(stop ids, fill id for never-decoded positions, pad id)."""
+    stop_ids = make_stop_ids(config.stop_token_ids, adapter, device)
+    fill_id = adapter.eos_token_id if adapter.eos_token_id is not None else (int(stop_ids[0]) if stop_ids.numel() else adapter.pad_token_id)
+    pad_id = adapter.pad_token_id if adapter.pad_token_id is not None else fill_id
+    if pad_id is None:
+        raise ValueError(f"{adapter.family}: the model has no pad/eos token id; set stop_token_ids")
+    return stop_ids, fill_id, pad_id
+
+
+def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: int, gens, seeds, pause,
+            partial=None) -> Rollout:
+    adapter = model.adapter
+    stop_ids, fill_id, pad_id = _special_ids(adapter, config, batch.ids.device)
+    if adapter.is_block_causal:
+        st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, config.record_trajectory)
+    else:
+        st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, config.record_trajectory)
+    if partial is not None:
+        src, row_index = partial
+        cols = st.completion_cols()
+        st.x.scatter_(1, cols, src.completion_ids.to(st.x.device)[row_index])
+        st.step_map.scatter_(1, cols, src.step_map.to(st.x.device)[row_index])
+        st.row_steps = src.num_steps.to(st.x.device)[row_index].clone()
+        st.finished = src.finished.to(st.x.device)[row_index].clone()
+        st.start = tuple(src.paused_at)
+    st.pause = pause
     was_training = model.training
     model.eval()
     try:
-        if adapter.is_block_causal:
-            st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, config.record_trajectory)
-            run_block(model, st, config)
-        else:
-            st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, config.record_trajectory)
-            run_masked(model, st, config)
+        (run_block if adapter.is_block_causal else run_masked)(model, st, config)
     finally:
         model.train(was_training)
-    return _assemble(st, batch, prompt_index, n, fill_id, sample_seeds)
+    return _assemble(st, batch, prompt_index, n, fill_id, seeds)
 
 
 def _assemble(st: DecodeState, batch: PromptBatch, prompt_index: torch.Tensor, n: int, fill_id: int, seeds) -> Rollout:
     G = st.gen_length
     cols = st.completion_cols()
     comp = st.x.gather(1, cols)
-    comp = comp.masked_fill(comp == st.mask_id, fill_id)  # never decoded (the row stopped before)
+    if st.paused_at is None:
+        comp = comp.masked_fill(comp == st.mask_id, fill_id)  # never decoded (the row stopped before)
     stop = torch.isin(comp, st.stop_ids)
     first = torch.where(stop.any(1), stop.float().argmax(1), torch.full_like(prompt_index, G))
     completion_mask = torch.arange(G, device=comp.device)[None] <= first[:, None]
@@ -167,4 +249,6 @@ def _assemble(st: DecodeState, batch: PromptBatch, prompt_index: torch.Tensor, n
         num_steps=st.row_steps.clone(),
         seeds=seeds,
         stop_token_ids=tuple(st.stop_ids.tolist()),
+        paused_at=st.paused_at,
+        finished=st.finished.clone() if st.paused_at is not None else None,
     )

@@ -132,7 +132,8 @@ def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
     B = cfg.block_length
     fwd = BlockForward(model, st, cfg)
     n_col_blocks = st.x.shape[1] // B
-    for cb in range(st.first_block, n_col_blocks):
+    b0, i0 = st.start
+    for cb in range(st.first_block + b0, n_col_blocks):
         act = st.active()
         if act.numel() == 0:
             break
@@ -142,7 +143,9 @@ def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
         if cfg.editing:
             _editing_block(fwd, st, cfg, remask, act, c0, c1)
         else:
-            _standard_block(fwd, st, cfg, remask, counts, act, c0, c1)
+            b = cb - st.first_block
+            if _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b, i0 if b == b0 else 0):
+                return  # paused (generate(until_step=...)): the block is unfinished, nothing else is marked
         if cfg.block_stop or (cfg.editing and cfg.eos_early_stop):
             st.finish_rows_with_stop(act, final_only=False)
         st.finished[act[st.last_block[act] == cb]] = True
@@ -168,19 +171,23 @@ def _propose(st, cfg, remask, rows, logits, total_steps, forbid_mask: bool = Tru
     return cand.x0, score
 
 
-def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1) -> None:
+def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: int = 0) -> bool:
+    """Decode column block [c0, c1) (the b-th generated block) from its step i0; True when paused inside it."""
     spb = counts.numel()
     total_steps = spb * int(st.last_block.max() - st.first_block + 1)
     dynamic = remask.rule == "dynamic" or cfg.threshold is not None  # block references' only threshold rule
-    i = 0
+    i = i0
     while True:
+        if st.should_pause(b, i):
+            return True
         open_ = (st.x[act, c0:c1] == st.mask_id).any(1) & ~st.finished[act]
         if not bool(open_.any()):
             break
         if i > max(spb, c1 - c0):  # every rule commits at least min(k, #masks) >= 1 token per step
             raise RuntimeError(f"block at column {c0} did not finish after {i} steps (sampler bug)")
         rows = act[open_]
-        logits = _block_logits(fwd, act, open_, c0, c1, i == 0)
+        # The first step of the block (or of a resumed one) stores the keys/values of everything before it.
+        logits = _block_logits(fwd, act, open_, c0, c1, i == i0)
         st.nfe += 1
         cur = st.x[rows, c0:c1]
         eligible = cur == st.mask_id
@@ -196,6 +203,7 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1) -> None:
         if cfg.eos_early_stop:
             st.finish_rows_with_stop(rows, final_only=True)
         i += 1
+    return False
 
 
 def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:

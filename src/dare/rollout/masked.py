@@ -120,12 +120,13 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
     cached = cfg.cache in ("prefix", "dual")
     P, BL, mask_id = int(st.gen_start[0]), cfg.block_length, st.mask_id
     grid = sched.time_grid(spb, cfg.eps, device=st.x.device)
-    for b in range(nb):
+    b0, i0 = st.start
+    for b in range(b0, nb):
         act = st.active()
         if act.numel() == 0:
             break
         c0, c1 = P + b * BL, P + (b + 1) * BL
-        masks0 = (st.x[act, c0:c1] == mask_id).sum(1)
+        masks0 = st.block_start_masks(act, c0, c1)
         if cfg.schedule == "ass":
             counts = sched.ass_split(BL, device=st.x.device).expand(act.numel(), -1)
         elif remask.time_grid:
@@ -133,14 +134,16 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
         else:
             counts = sched.even_split(masks0, spb)
         run_conf = torch.zeros((act.numel(), BL), dtype=torch.float64, device=st.x.device)
-        i = 0
+        i = first = i0 if b == b0 else 0
         while True:
+            if st.should_pause(b, i):
+                return
             open_ = (st.x[act, c0:c1] == mask_id).any(1) & ~st.finished[act]
             if not bool(open_.any()):
                 break
             if i > max(spb, BL):  # every rule commits >= 1 token per step, or the schedule's count
                 raise RuntimeError(f"block {b} did not finish after {i} steps (sampler bug)")
-            if cached and i == 0:  # the refresh builds the cache of every active row
+            if cached and i == first:  # the refresh builds the cache of every active row (also on resume)
                 logits = fwd.refresh(act, c0, c1)[open_]
             else:
                 logits = (fwd.step if cached else fwd.full)(act[open_], c0, c1)

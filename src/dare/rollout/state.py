@@ -102,6 +102,11 @@ class DecodeState:
     finished: torch.Tensor = None  # [N] bool
     nfe: int = 0
     _traj: list = field(default_factory=list)
+    # Pause / resume (``generate(until_step=...)``, ``resume``): schedule points (block counted from the first
+    # generated block, step within the block). Decoding starts at ``start`` and stops before ``pause``.
+    start: tuple = (0, 0)
+    pause: Optional[tuple] = None
+    paused_at: Optional[tuple] = None
 
     def __post_init__(self):
         N, W = self.x.shape
@@ -117,6 +122,18 @@ class DecodeState:
         if self.gens is None:
             return None
         return [self.gens[i] for i in rows.tolist()]
+
+    def should_pause(self, block: int, step: int) -> bool:
+        """True (and remember where) when the schedule point (block, step) is at or past ``pause``."""
+        if self.pause is None or (block, step) < tuple(self.pause):
+            return False
+        self.paused_at = (block, step)
+        return True
+
+    def block_start_masks(self, rows: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
+        """Masked positions of block [c0, c1) when it started: those still masked plus those written since (a
+        resumed block has already committed some)."""
+        return ((self.x[rows, c0:c1] == self.mask_id) | (self.step_map[rows, c0:c1] >= 0)).sum(1)
 
     def active(self) -> torch.Tensor:
         return (~self.finished).nonzero().flatten()

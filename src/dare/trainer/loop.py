@@ -93,6 +93,8 @@ class Trainer:
         self.algo = build_algorithm(recipe.algorithm)
         model, self.tokenizer = load_policy(recipe.model)
         self.algo.check_model(model.adapter)  # fail before any rollout when the method is undefined for this family
+        if self.algo.uses_rollout:
+            self.algo.check_rollout(recipe.rollout.sampler, model.adapter)
         if recipe.lora.enabled:
             lc = recipe.lora
             apply_lora(model, lc.r, lc.alpha, lc.dropout, lc.target_modules, lc.include_experts, seed=recipe.train.seed)
@@ -197,7 +199,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         if self.rollout is not None:  # (1) rollout, (2) reward
             with self._autocast():
-                batch, rollout_metrics = self.rollout.collect(ctx, batch, self.model)
+                batch, rollout_metrics = self.algo.collect(self.rollout, ctx, batch, self.model)
             metrics.update(rollout_metrics)
         with self._autocast():
             stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)

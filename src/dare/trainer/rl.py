@@ -117,17 +117,34 @@ class RolloutStage:
         examples = [batch["examples"][int(i)] for i in sample_index.tolist()]
         return self.score(texts, examples).to(completion_ids.device)
 
-    def collect(self, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
-        """(1) generate ``group_size`` completions per prompt, (2) score them; returns the RL batch."""
+    def prompt_seeds(self, ctx: StepContext, prompts: Batch) -> list[int]:
+        """The rollout seed of every prompt of the step (keyed by run seed, step and the prompt's uid)."""
+        return [derive_seed(ctx.seed, STREAM_ROLLOUT, ctx.step, u) for u in prompts["uid"].tolist()]
+
+    def metrics(self, rewards: torch.Tensor, completion_mask: torch.Tensor, nfe: int, rollout_time: float,
+                reward_time: float) -> dict:
+        """Rollout metrics of the step (reward mean / std and completion length over every rank)."""
+        n = float(rewards.numel())
+        sums = self.env.all_reduce_sums({"reward_sum": float(rewards.sum()), "reward_sq": float((rewards ** 2).sum()),
+                                         "n": n, "len_sum": float(completion_mask.float().sum())})
+        mean = sums["reward_sum"] / max(sums["n"], 1.0)
+        return {"reward_mean": mean, "reward_std": max(sums["reward_sq"] / max(sums["n"], 1.0) - mean ** 2, 0.0) ** 0.5,
+                "completion_len": sums["len_sum"] / max(sums["n"], 1.0), "rollout_time": rollout_time,
+                "reward_time": reward_time, "nfe": float(nfe)}
+
+    def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[Batch, dict]:
+        """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
+        them; returns the RL batch."""
         from ..rollout import generate
         from .distributed import gathered_for_inference
         rc = self.recipe.rollout
+        sampler = sampler or rc.sampler
         t0 = time.perf_counter()
         uids = prompts["uid"].tolist()
-        seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, ctx.step, u) for u in uids]
+        seeds = self.prompt_seeds(ctx, prompts)
         chunk = rc.micro_batch_size or len(uids)
         with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
-            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], rc.sampler, n=self.group, seeds=seeds[s:s + chunk])
+            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], sampler, n=self.group, seeds=seeds[s:s + chunk])
                      for s in range(0, len(uids), chunk)]
         ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
         t1 = time.perf_counter()
@@ -146,11 +163,4 @@ class RolloutStage:
         if ro.trajectory is not None:
             batch["trajectory"] = ro.trajectory
         ctx.services["score_completions"] = self.score_completion_ids
-        n = float(len(texts))
-        sums = self.env.all_reduce_sums({"reward_sum": float(rewards.sum()), "reward_sq": float((rewards ** 2).sum()),
-                                         "n": n, "len_sum": float(ro.completion_mask.float().sum())})
-        mean = sums["reward_sum"] / max(sums["n"], 1.0)
-        metrics = {"reward_mean": mean, "reward_std": max(sums["reward_sq"] / max(sums["n"], 1.0) - mean ** 2, 0.0) ** 0.5,
-                   "completion_len": sums["len_sum"] / max(sums["n"], 1.0), "rollout_time": t1 - t0, "reward_time": t2 - t1,
-                   "nfe": float(ro.nfe)}
-        return batch, metrics
+        return batch, self.metrics(rewards, ro.completion_mask, ro.nfe, t1 - t0, t2 - t1)

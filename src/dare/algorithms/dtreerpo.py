@@ -1,0 +1,317 @@
+"""d-TreeRPO: tree-structured rollouts with bottom-up advantages (Pan et al. 2025, arXiv 2512.09675; code:
+THU-BPM/d-TreeRPO ``dtreerpo_trainer.py``; the DARE port is yjyddq/DARE PR 16, ``dtreerpo_algos.py``).
+
+**Rollout** (``collect``, ``dare.rollout.generate_tree``). Per prompt, ``trunks`` independent decodes run to the
+first cut; every node then branches into ``branch_factor`` continuations at each later cut; the cuts split the
+sampler's T denoising steps into ``levels`` equal segments (steps ``k T / levels``; the reference's contraction
+factor s). Each level is one batched call of the rollout engine, so a tree's shared prefixes are decoded once.
+
+**Advantages.** Leaf value = reward of the completed leaf; a node's value is the mean of its children's; a node's
+local advantage is its value minus the mean value of its siblings (the other children of its parent, the other trunks
+for level-0 nodes; 0 when it has none, so the advantage is the value itself, as the reference).
+
+**Transitions.** Every node except the root gives one training row (a *segment*): its parent's partial state is the
+input, the targets are the tokens the node committed in its segment (written by it -- ``step_map`` -- and masked in
+the parent) up to the node's first stop token. One forward of the parent state scores them all (the paper's
+single-forward estimate of the transition probability; block models use the ``[x_t ; x_0]`` layout with the parent's
+state as x_t and the node's as x_0, so a block is scored from its segment-start state and the finished blocks before
+it, with the sampler's block length). Loss per segment: the clipped surrogate averaged over its targets (eps 0.4), plus beta 0.01 k3 KL to the
+reference; the mean over all segments of the step (the reference averages per micro-batch).
+
+**Self-distillation** (time-scheduled, on by default as in the reference recipes): for the children of one parent
+with a positive local advantage, weights ``softmax(A / tau(t))``; at each completion position the weighted children's
+committed tokens form a target distribution q; the loss is ``lambda(t) * mean_(parent, position) KL(q || p(.|parent))``
+with ``lambda(t) = lambda_max (e^(gamma t/T) - 1) / (e^gamma - 1)`` and ``tau(t) = tau_max (1 - t/T)^beta``. Since
+every child of a parent is scored from the same parent state, ``log p(u | parent)`` is the children's own transition
+log-prob of u: the term needs no extra forward. The mean is over the whole step's (parent, position) pairs.
+
+Defaults follow ``dtreerpo/slurm_scripts/dtreerpo.yaml`` (T=4 branches, s=2, 4 trees per prompt, mu 12, eps 0.4,
+beta 0.01, lr 3e-5 with LoRA r 128, reference sync every 64 steps with alpha 0.6, gen 256, block 32, 128 steps,
+temperature 0.9).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .d1 import completion_view
+from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig, group_mean_std
+from .paper import PaperSettings
+from .views import with_attention_blocks
+
+
+@dataclass
+class DTreeRPOConfig(GRPOConfig):
+    name: str = "dtreerpo"
+    inner_iterations: int = 12  # num_iterations: 12
+    clip_low: float = 0.4  # epsilon: 0.4
+    beta: float = 0.01  # beta: 0.01 (k3 to the reference)
+    aggregation: Aggregation = "seq_mean_token_mean"  # per segment: mean over its committed tokens; mean of segments
+    ref_sync_every: int = 64  # sync_ref_model: True, ref_model_sync_steps: 64
+    ref_sync_alpha: float = 0.6  # ref_model_mixup_alpha default
+    trunks: int = 4  # num_tree_samples: children of the root (independent decodes of a prompt)
+    branch_factor: int = 4  # tree_branch_factor (T): children of every other inner node
+    levels: int = 2  # tree_contraction_factor (s): segments per path, cut at k * steps / s
+    self_distillation: bool = True  # enable_self_distillation_loss: true
+    sd_lambda_max: float = 3e-3
+    sd_gamma: float = 2.0
+    sd_tau_max: float = 2.0
+    sd_beta: float = 0.7
+    sd_horizon: int = 30000  # max_steps: the T of the lambda / tau schedules
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("trunks", "branch_factor", "levels", "sd_horizon"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sd_tau_max <= 0 or self.sd_lambda_max < 0:
+            raise ValueError("sd_tau_max must be > 0 and sd_lambda_max >= 0")
+
+    @property
+    def branching(self) -> list[int]:
+        return [self.trunks] + [self.branch_factor] * (self.levels - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tree math (pure functions; tested on hand-made trees)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def node_values(leaf_values: torch.Tensor, parents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Values of every level's nodes, bottom-up: leaves keep their reward, a node takes its children's mean."""
+    values = [None] * len(parents)
+    values[-1] = leaf_values.double()
+    for k in range(len(parents) - 1, 0, -1):
+        mean, _, _ = group_mean_std(values[k], parents[k])  # per child: its parent's children mean
+        parent_of = parents[k].to(mean.device)
+        values[k - 1] = torch.zeros(int(parents[k - 1].numel()), dtype=mean.dtype, device=mean.device)
+        values[k - 1][parent_of] = mean
+    return values
+
+
+def local_advantages(values: list[torch.Tensor], parents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per level: node value minus the mean value of its siblings (same parent). An only child's sibling mean counts
+    as 0 (its advantage is its value), as the reference."""
+    out = []
+    for v, p in zip(values, parents):
+        mean, _, n = group_mean_std(v, p)
+        others = torch.where(n > 1, (mean * n - v) / (n - 1).clamp_min(1.0), torch.zeros_like(v))
+        out.append((v - others).float())
+    return out
+
+
+def segment_targets(child_step_map: torch.Tensor, parent_step_map: torch.Tensor, child_mask: torch.Tensor) -> torch.Tensor:
+    """Tokens a node committed in its segment: written by it, not yet by its parent, up to its first stop token."""
+    return (child_step_map >= 0) & (parent_step_map < 0) & child_mask.bool()
+
+
+def sd_schedule(step: int, cfg: DTreeRPOConfig) -> tuple[float, float]:
+    """(lambda(t), tau(t)) of the self-distillation loss at optimisation step t."""
+    progress = min(1.0, max(0.0, step / cfg.sd_horizon))
+    lam = cfg.sd_lambda_max * (math.exp(cfg.sd_gamma * progress) - 1.0) / (math.exp(cfg.sd_gamma) - 1.0)
+    tau = max(cfg.sd_tau_max * max(0.0, 1.0 - progress) ** cfg.sd_beta, 1e-6)
+    return lam, tau
+
+
+def distillation_targets(tokens: torch.Tensor, targets: torch.Tensor, advantages: torch.Tensor, groups: torch.Tensor,
+                         tau: float):
+    """Self-distillation per token: ``(weight [B, L], log_q [B, L], pairs)``.
+
+    Within each sibling group, children with A > 0 get ``softmax(A / tau)``; at position j the target distribution
+    over tokens is q = the weights of the active children, renormalised. Child c's term at j is
+    ``weight * (log_q - logp)`` with ``weight = w_c / W_j``, so the sum over a (group, j) pair is KL(q || p).
+    ``pairs`` counts the (group, position) pairs with an active positive child.
+    """
+    B, L = tokens.shape
+    weight = torch.zeros(B, L, dtype=torch.float64)
+    log_q = torch.zeros(B, L, dtype=torch.float64)
+    pairs = 0
+    adv, tgt, tok = advantages.double().cpu(), targets.bool().cpu(), tokens.cpu()
+    for g in torch.unique(groups.cpu()).tolist():
+        idx = ((groups.cpu() == g) & (adv > 0)).nonzero().flatten()
+        if idx.numel() == 0 or int((groups.cpu() == g).sum()) <= 1:
+            continue
+        w = torch.softmax(adv[idx] / tau, 0)
+        active = tgt[idx]  # [K, L]
+        W = (w[:, None] * active).sum(0)  # [L]
+        pairs += int((W > 0).sum())
+        share = torch.where(active, w[:, None] / W.clamp_min(1e-300)[None], torch.zeros_like(active, dtype=torch.float64))
+        same = (tok[idx][:, None, :] == tok[idx][None, :, :]) & active[None] & active[:, None]  # [K, K, L]
+        q = (share[None] * same).sum(1)  # q of each child's own token at each position
+        weight[idx] = share
+        log_q[idx] = torch.where(active, torch.log(q.clamp_min(1e-300)), torch.zeros_like(q))
+    dev = tokens.device
+    return weight.float().to(dev), log_q.float().to(dev), pairs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The method
+# ----------------------------------------------------------------------------------------------------------
+
+
+def segments_batch(tree, rewards: torch.Tensor, prompt_uids: torch.Tensor, mask_id: int) -> Batch:
+    """One row per non-root node of ``tree``: the prompt, the node's state (``completion_ids``), its parent's
+    (``parent_ids``, all masked for level-0 nodes), both step maps, the segment's targets, the node's value
+    (``rewards``) and local advantage.
+
+    Ids are global: with S = nodes per tree + 1, node j of prompt u (level order) has ``uid = u S + 1 + j`` and the
+    tree's root ``u S``; ``group`` = the parent's uid, so siblings share a group on every rank and in every chunk."""
+    dev = tree.leaves.completion_ids.device
+    values = node_values(rewards.to(dev), tree.parents)
+    adv = local_advantages(values, tree.parents)
+    per_prompt = [math.prod(tree.branching[:k + 1]) for k in range(len(tree.branching))]  # nodes per tree, by level
+    S = sum(per_prompt) + 1
+    parts: dict[str, list] = {k: [] for k in ("prompt_ids", "prompt_mask", "ids", "mask", "steps", "parent_ids",
+                                              "parent_steps", "uid", "group", "level")}
+    uids = []
+    for k, level in enumerate(tree.levels):
+        rows = torch.arange(level.completion_ids.shape[0], device=dev)
+        base = prompt_uids.to(dev)[level.prompt_index.to(dev)] * S
+        uid = base + 1 + sum(per_prompt[:k]) + rows % per_prompt[k]
+        if k == 0:
+            parent_ids = torch.full_like(level.completion_ids, mask_id)
+            parent_steps = torch.full_like(level.step_map, -1)
+            group = base
+        else:
+            prev = tree.levels[k - 1]
+            parent_ids, parent_steps = prev.completion_ids[tree.parents[k]], prev.step_map[tree.parents[k]]
+            group = uids[k - 1][tree.parents[k].to(dev)]
+        uids.append(uid)
+        for name, value in (("prompt_ids", level.prompt_ids), ("prompt_mask", level.prompt_mask.bool()),
+                            ("ids", level.completion_ids), ("mask", level.completion_mask.bool()),
+                            ("steps", level.step_map), ("parent_ids", parent_ids), ("parent_steps", parent_steps),
+                            ("uid", uid), ("group", group), ("level", torch.full_like(rows, k))):
+            parts[name].append(value.to(dev))
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    return Batch(uid=cat["uid"], group=cat["group"], prompt_ids=cat["prompt_ids"], prompt_mask=cat["prompt_mask"],
+                 completion_ids=cat["ids"], completion_mask=cat["mask"], step_map=cat["steps"],
+                 parent_ids=cat["parent_ids"], parent_step_map=cat["parent_steps"],
+                 segment_targets=segment_targets(cat["steps"], cat["parent_steps"], cat["mask"]),
+                 rewards=torch.cat(values).float(), tree_advantages=torch.cat(adv), tree_level=cat["level"])
+
+
+def concat_batches(parts: list[Batch], pad_id: int) -> Batch:
+    """Row-wise concatenation of segment batches (prompts re-padded on the left to a common width)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(b["prompt_ids"].shape[1] for b in parts)
+    fields = {}
+    for key in parts[0].fields:
+        vals = [b[key] for b in parts]
+        if key in ("prompt_ids", "prompt_mask"):
+            fill = pad_id if key == "prompt_ids" else False
+            vals = [torch.nn.functional.pad(v, (P - v.shape[1], 0), value=fill) for v in vals]
+        fields[key] = torch.cat(vals)
+    uid = fields.pop("uid")
+    return Batch(uid, meta=dict(parts[0].meta), **fields)
+
+
+@register_algorithm
+class DTreeRPO(GRPOAlgorithm):
+    """Tree rollouts; leaf rewards averaged up the tree; segment transitions scored from the parent's state."""
+    name = "dtreerpo"
+    config_class = DTreeRPOConfig
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    paper = PaperSettings(
+        lr=3e-5, grad_clip=0.2, temperature=0.9, lora=True,
+        source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft; the "
+               "same file for every task script), diffu_grpo_config.py (temperature 0.9)")
+
+    def check_rollout(self, sampler, adapter) -> None:
+        for key, bad in (("record_trajectory", sampler.record_trajectory), ("rcr", sampler.rcr),
+                         ("editing_threshold", sampler.editing_threshold is not None)):
+            if bad:
+                raise ValueError(f"dtreerpo branches paused rollouts; rollout.sampler.{key} cannot be paused")
+
+    def cut_steps(self, model, sampler) -> list[int]:
+        """Schedule steps where the tree branches: k * T / levels (the reference's branch points), T = total steps."""
+        from ..rollout import steps_per_block
+        total = steps_per_block(model, sampler) * -(-sampler.gen_length // sampler.block_length)
+        s = self.config.levels
+        cuts = sorted({int(k * total / s) for k in range(1, s)})
+        if len(cuts) != s - 1 or (cuts and cuts[0] < 1):
+            raise ValueError(f"dtreerpo: levels={s} segments need at least {s} denoising steps (the sampler has {total})")
+        return cuts
+
+    # --- (1) rollout, (2) reward -------------------------------------------------------------------------
+    def collect(self, stage, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
+        from ..rollout import generate_tree
+        from ..trainer.distributed import gathered_for_inference
+        rc = stage.recipe.rollout
+        sampler, seeds, n = rc.sampler, stage.prompt_seeds(ctx, prompts), prompts.size
+        chunk = rc.micro_batch_size or n  # prompts per tree call
+        cuts = self.cut_steps(model, sampler)
+        parts, leaf_rewards, leaf_masks, nfe, t_roll, t_rew = [], [], [], 0, 0.0, 0.0
+        for s in range(0, n, chunk):
+            part = prompts.select(torch.arange(s, min(n, s + chunk)))
+            t0 = time.perf_counter()
+            with gathered_for_inference(model):
+                tree = generate_tree(model, part["prompt_tokens"], sampler, self.config.branching, cuts,
+                                     seeds=seeds[s:s + chunk])
+            t1 = time.perf_counter()
+            leaves = tree.leaves
+            rewards = stage.score(leaves.texts(stage.tokenizer),
+                                  [part["examples"][int(i)] for i in leaves.prompt_index.cpu()])
+            t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
+            parts.append(segments_batch(tree, rewards, part["uid"], model.adapter.mask_token_id))
+            leaf_rewards.append(rewards)
+            leaf_masks.append(leaves.completion_mask.cpu())
+            nfe += tree.nfe
+        pad = model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id
+        batch = concat_batches(parts, pad)
+        batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": nfe, "block_length": sampler.block_length})
+        metrics = stage.metrics(torch.cat(leaf_rewards), torch.cat(leaf_masks), nfe, t_roll, t_rew)
+        metrics["segments"] = stage.env.all_reduce_sums({"segments": float(batch.size)})["segments"]
+        return batch, metrics
+
+    # --- (3) corruption ----------------------------------------------------------------------------------
+    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+        """The parent's state as input, the segment's committed tokens as targets (deterministic: one list for every
+        inner iteration)."""
+        self.check_model(ctx.adapter)
+        if "tree_views" not in batch.meta:
+            view = completion_view(ctx, batch, batch["parent_ids"], batch["segment_targets"].bool())
+            block = batch.meta.get("block_length", ctx.adapter.block_size)
+            if ctx.adapter.is_block_causal and block != ctx.adapter.block_size:  # score the sampler's attention
+                view = with_attention_blocks(view, block)
+            batch.meta["tree_views"] = [view]
+        return batch.meta["tree_views"]
+
+    # --- (4) advantages ----------------------------------------------------------------------------------
+    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+        adv = batch["tree_advantages"].float()
+        batch["active"] = torch.ones(batch.size, device=adv.device)
+        cfg = self.config
+        if cfg.self_distillation:
+            lam, tau = sd_schedule(ctx.step, cfg)
+            w, log_q, pairs = distillation_targets(batch["completion_ids"], batch["segment_targets"], adv,
+                                                   batch["group"], tau)
+            batch["sd_weight"], batch["sd_log_q"] = w, log_q
+            batch.meta["sd_pairs"], batch.meta["sd_lambda"] = float(pairs), lam
+        return adv
+
+    # --- (5) loss ----------------------------------------------------------------------------------------
+    def loss_mask(self, batch: Batch) -> torch.Tensor:
+        return batch["segment_targets"].float() * batch["active"].float()[:, None]
+
+    def normalizers(self, batch: Batch) -> dict[str, float]:
+        out = super().normalizers(batch)
+        if self.config.self_distillation:
+            out["sd_pairs"] = batch.meta.get("sd_pairs", 0.0)
+        return out
+
+    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+        loss, metrics = super().loss(ctx, batch, current, iteration)
+        if self.config.self_distillation and "sd_weight" in batch:
+            lam = batch.meta.get("sd_lambda", 0.0)
+            pairs = max(ctx.norms.get("sd_pairs", 0.0), 1.0)
+            w = batch["sd_weight"].to(current.value.device)
+            kl = (w * (batch["sd_log_q"].to(w.device) - current.value)).sum() / pairs
+            loss = loss + lam * kl
+            metrics["sd_kl"] = float(kl.detach())
+        return loss, metrics
