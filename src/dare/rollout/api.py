@@ -13,7 +13,7 @@ import torch
 
 from .block import build_block_state, run_block
 from .config import SamplerConfig
-from .masked import build_masked_state, masked_steps, run_masked
+from .masked import build_masked_state, masked_blocks, run_masked
 from .selection import REMASKINGS
 from .state import DecodeState, PromptBatch, PromptsLike, expand_prompts, make_prompt_batch, make_stop_ids, sample_generators
 
@@ -90,13 +90,14 @@ def check_config(model, config: SamplerConfig) -> None:
         if not remask.block_models:
             raise ValueError(f"remasking={config.remasking!r} is a masked-diffusion (Dream) algorithm; block-diffusion "
                              f"models use static, dynamic, sequential, low_confidence, random, maskgit_plus, topk_margin or entropy")
-        for name, bad in (("cfg_scale", config.cfg_scale > 0), ("alg_temp", bool(config.alg_temp)), ("rcr", config.rcr)):
+        for name, bad in (("cfg_scale", config.cfg_scale > 0), ("alg_temp", bool(config.alg_temp)), ("rcr", config.rcr),
+                          ("ass_blocks", config.ass_blocks > 1)):
             if bad:
                 raise ValueError(f"{name} is only implemented for masked-diffusion (bidirectional) models")
     else:
         if config.editing:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs a block-diffusion model")
-        masked_steps(config)
+        masked_blocks(config)
 
 
 def _needs_random(config: SamplerConfig) -> bool:
