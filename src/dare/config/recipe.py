@@ -126,8 +126,21 @@ class RolloutSection:
 @dataclass
 class RewardSection:
     name: Optional[str] = None  # default: the reward registered for each example's task
+    # A weighted combination {reward name: weight} instead of `name` ("auto" = each example's task reward), e.g.
+    # {auto: 1.0, speed: 0.5} or DiRL's {speed_cosine: 1.0} (see docs/rewards.md).
+    terms: dict[str, float] = field(default_factory=dict)
     timeout: float = 10.0
     workers: int = 1
+
+    def __post_init__(self):
+        if self.name is not None and self.terms:
+            raise ValueError(f"reward.name={self.name!r} and reward.terms are both set; put the name into terms "
+                             f"({{{self.name}: 1.0, ...}})")
+
+    @property
+    def spec(self):
+        """What ``dare.rewards.score_batch`` takes: the terms, else the name, else ``auto``."""
+        return dict(self.terms) if self.terms else (self.name or "auto")
 
 
 @dataclass

@@ -5,7 +5,8 @@ of each itself, so group statistics (advantages, the zero-variance filter) never
 keyed: prompt j of step s is sampled with seed ``hash(run seed, "rollout", s, j)`` (the rollout engine derives the
 per-completion generators from it), so a sample does not depend on the rank or batch it lands in, and a resumed run
 regenerates exactly the rollouts it would have. Rewards come from ``dare.rewards.score_batch`` on the decoded
-completions (each example's task default unless ``reward.name`` is set).
+completions (each example's task default unless ``reward.name`` / ``reward.terms`` is set); every sample's example
+carries ``"rollout"`` (its token and distinct-step counts, for DiRL's speed rewards).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from ..algorithms.base import Batch, StepContext
 from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
+from ..rewards.speed import rollout_info
 from .data import EpochSampler
 
 log = logging.getLogger(__name__)
@@ -96,7 +98,7 @@ class RolloutStage:
     def score(self, completions: list[str], examples: list[dict]) -> torch.Tensor:
         from ..rewards import score_batch
         rc = self.recipe.reward
-        results = score_batch(rc.name or "auto", completions, examples, timeout=rc.timeout, workers=rc.workers)
+        results = score_batch(rc.spec, completions, examples, timeout=rc.timeout, workers=rc.workers)
         return torch.tensor([r.score for r in results], dtype=torch.float32)
 
     def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
@@ -126,7 +128,9 @@ class RolloutStage:
         ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
         t1 = time.perf_counter()
         prompt_of = ro.prompt_index.cpu()
-        examples = [prompts["examples"][int(i)] for i in prompt_of]
+        # Each sample's own copy of its example, with the rollout's numbers for rewards that read them (DiRL's speed).
+        info = rollout_info(ro.completion_mask, ro.step_map, rc.sampler.block_length)
+        examples = [{**prompts["examples"][int(i)], "rollout": inf} for i, inf in zip(prompt_of, info)]
         texts = ro.texts(self.tokenizer)
         rewards = self.score(texts, examples)
         t2 = time.perf_counter()
