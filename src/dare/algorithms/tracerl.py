@@ -28,6 +28,11 @@ responses scored as wrong): each (sample, round) pair is one training row; ``rou
 ``rl_llada.py``) averages the surrogate over the row's targets and sums its KL over them, ``round_length`` (block
 models, ``rl_sdar.py``) divides both by the response length Lc; then the mean over all rows of the step. Defaults
 follow ``configs/rl_sdar.yaml`` / ``rl_llada.yaml`` (shrink 1 and 8, post_num 0, lr 1e-6).
+
+**Value model** (``value_model: true``, ``configs/*_with_value.yaml``; ``value.py``): a companion value network
+scores every target in its replay state before the update; the advantages become token-wise ``A_j = R_j - V_j``
+(step-level GAE, gamma = lambda = 1) and the value model is trained with the clipped value loss in the same
+per-view backward.
 """
 from __future__ import annotations
 
