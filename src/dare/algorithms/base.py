@@ -28,6 +28,9 @@ algorithm's name: it calls the hooks below, each with a default, so a method is 
   alongside the policy with their own optimizer (TraceRL's value model). The trainer builds, shards, steps and
   checkpoints them; hooks reach them as ``ctx.companions[name]``; ``score_companions`` runs in stage (3), after the
   corruption and before any update (e.g. the value model's old values), and ``backward`` adds their losses.
+* ``curates_prompts`` / ``select_prompts(ctx, model, prompts, uids) -> list[int]`` -- data curation (MDPO's ICFW): the
+  RL trainer asks the method which training prompts to use before the first step and again after every pass over
+  the chosen pool (each rank gets a share of the prompts; the model is gathered for decoding).
 
 Batches are ``Batch`` objects: per-sample tensors with the sample dimension first, sliced consistently into
 micro-batches by ``Batch.select``. Algorithm configs are dataclasses registered with their algorithm; the recipe's
@@ -363,6 +366,16 @@ class Algorithm:
 
     def score_companions(self, ctx: StepContext, batch: Batch, micro_batch_size: int) -> None:
         """Stage (3) for the companions: score the batch's views before any update (no-op by default)."""
+
+    @property
+    def curates_prompts(self) -> bool:
+        """Whether the RL trainer asks ``select_prompts`` which training prompts to use (MDPO's ICFW)."""
+        return False
+
+    def select_prompts(self, ctx: StepContext, model, prompts: list, uids: list[int]) -> list[int]:
+        """Positions in ``prompts`` (objects with ``input_ids`` and ``example``; ``uids`` their global indices) to train
+        on until the next curation. Runs with the model gathered for decoding (``dare.rollout.generate``)."""
+        raise NotImplementedError(f"{type(self).__name__} curates prompts but does not implement select_prompts()")
 
     def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")

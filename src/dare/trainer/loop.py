@@ -133,23 +133,47 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.companions:
             self.companions.load_scheduler_states(state.get("companion_schedulers", {}))
+        if self.algo.curates_prompts:
+            self.source.load_state_dict(state.get("prompt_pool", {}))
         self.start_step, self.bad_steps = int(state["step"]), int(state.get("bad_steps", 0))
         self.logger.truncate_after(self.start_step)
         log.info("resumed from %s at step %d", path, self.start_step)
 
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
+        services = {"tokenizer": self.tokenizer, **(self.rollout.services() if self.rollout is not None else {})}
         return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.rank,
                            world_size=self.env.world_size, chunk_size=self.recipe.train.chunk_size,
-                           want_entropy=self.algo.uses_rollout, services={"tokenizer": self.tokenizer},
+                           want_entropy=self.algo.uses_rollout, services=services,
                            companions=self.companions.modules())
+
+    def curate_prompts(self, ctx: StepContext) -> dict:
+        """Ask the algorithm which training prompts to use (MDPO's ICFW); every rank tests a share of them."""
+        from .distributed import gathered_for_inference
+        source = self.source
+        share = list(range(self.env.rank, len(source.prompted), self.env.world_size))
+        with self._autocast(), gathered_for_inference(self.model):  # decoding: no collectives inside
+            kept = self.algo.select_prompts(ctx, self.model, [source.prompted[i] for i in share], share)
+        chosen = torch.zeros(len(source.prompted))
+        chosen[[share[i] for i in kept]] = 1.0
+        if self.env.distributed:
+            import torch.distributed as dist
+            dist.all_reduce(chosen)
+        pool = chosen.nonzero().flatten().tolist()
+        if not pool:
+            log.warning("step %d: the algorithm selected no training prompt; training on all %d until the next "
+                        "selection", ctx.step + 1, len(source.prompted))
+        source.set_pool(pool, ctx.step)
+        return {"curated_prompts": float(len(pool))}
 
     def train_step(self, step: int) -> dict:
         t0 = time.perf_counter()
         micro = self.recipe.train.micro_batch_size
-        batch = self.source.batch(step).to(self.env.device)
         ctx = self.step_context(step)
         metrics: dict[str, float] = {}
+        if self.algo.curates_prompts and self.source.curation_due(step):
+            metrics.update(self.curate_prompts(ctx))
+        batch = self.source.batch(step).to(self.env.device)
         if self.rollout is not None:  # (1) rollout, (2) reward
             with self._autocast():
                 batch, rollout_metrics = self.rollout.collect(ctx, batch, self.model)
@@ -221,6 +245,8 @@ class Trainer:
                  "recipe": to_dict(self.recipe)}
         if self.companions:
             state["companion_schedulers"] = self.companions.scheduler_states()
+        if self.algo.curates_prompts:
+            state["prompt_pool"] = self.source.state_dict()
         path = self.ckpt.save(steps_done, self.model, self.optimizer, state, self._ref_module(),
                               self.companions.checkpoint_items())
         if self.recipe.logging.plot:
