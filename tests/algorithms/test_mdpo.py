@@ -287,3 +287,17 @@ def test_icfw_trains_on_the_selected_pool_and_resumes_with_it(tmp_path, monkeypa
     resumed = _icfw_run(tmp_path / "b", "train.resume=auto")
     assert [h["loss"] for h in resumed] == [h["loss"] for h in hist[1:]]
     assert [h.get("curated_prompts") for h in resumed] == [h.get("curated_prompts") for h in hist[1:]]
+
+
+@pytest.mark.slow
+def test_icfw_two_processes_select_the_same_pool_as_one(tmp_path):
+    """Each rank tests half of the prompts (model gathered once for decoding); the pools are merged by an all-reduce."""
+    from tests.algorithms.trajectory_helpers import train_subprocess
+    args = ["train.steps=2", "train.batch_size=4", "rollout.group_size=4", "algorithm.icfw=true",
+            "algorithm.icfw_temperature=1.0", "algorithm.icfw_correct=0.04"]
+    one = train_subprocess(tmp_path, tmp_path / "one", "mdpo", *args)
+    two = train_subprocess(tmp_path, tmp_path / "two", "mdpo", *args, "distributed.nproc=2")
+    assert one[0]["curated_prompts"] == two[0]["curated_prompts"] > 0
+    for a, b in zip(one, two):  # the same prompts from the pool, so the same rollouts (MDPO's loss itself differs
+        # across rank counts: each rank picks its own top steps, see docs/algorithms/mdpo.md)
+        assert a["reward_mean"] == b["reward_mean"] and a["completion_len"] == b["completion_len"], (a, b)
