@@ -298,6 +298,7 @@ def test_icfw_two_processes_select_the_same_pool_as_one(tmp_path):
     one = train_subprocess(tmp_path, tmp_path / "one", "mdpo", *args)
     two = train_subprocess(tmp_path, tmp_path / "two", "mdpo", *args, "distributed.nproc=2")
     assert one[0]["curated_prompts"] == two[0]["curated_prompts"] > 0
-    for a, b in zip(one, two):  # the same prompts from the pool, so the same rollouts (MDPO's loss itself differs
-        # across rank counts: each rank picks its own top steps, see docs/algorithms/mdpo.md)
-        assert a["reward_mean"] == b["reward_mean"] and a["completion_len"] == b["completion_len"], (a, b)
+    # Step 1 trains on the same prompts of the pool, so it has the same rollouts. (MDPO's update itself differs with
+    # the number of ranks -- each rank picks its own top steps, docs/algorithms/mdpo.md -- so later steps differ.)
+    a, b = one[0], two[0]
+    assert a["reward_mean"] == b["reward_mean"] and a["completion_len"] == b["completion_len"], (a, b)
