@@ -158,9 +158,11 @@ def test_trains_end_to_end(tmp_path, family):
                       "algorithm.value_lr=1e-2", steps=3)
     assert len(hist) == 3
     for h in hist:
-        assert math.isfinite(h["loss"]) and math.isfinite(h["value_loss"]) and h["value_grad_norm"] > 0
+        assert math.isfinite(h["loss"]) and math.isfinite(h["value_loss"]) and math.isfinite(h["value_grad_norm"])
         assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    assert hist[0]["value_mean"] == 0.0 and hist[-1]["value_mean"] != 0.0  # zero-initialised head, then trained
+    assert hist[0]["value_mean"] == 0.0  # the zero-initialised head
+    if family in ("sdar", "llada"):  # these runs see non-constant rewards: the value model learns from the first step
+        assert all(h["value_grad_norm"] > 0 for h in hist) and hist[-1]["value_mean"] != 0.0
 
 
 def test_value_model_is_checkpointed_and_resumes_exactly(tmp_path):
