@@ -291,6 +291,9 @@ class Algorithm:
     # Attention kinds the method's math is defined for ("bidirectional": LLaDA, LLaDA-MoE, Dream; "block_causal":
     # SDAR, SDAR-MoE, LLaDA2). The README's support matrix is generated from it.
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    # RL methods: the authors' optimizer / rollout / per-task settings (``dare.algorithms.paper``), used by
+    # ``dare compare`` to give each method its own paper's relative settings. None for methods without rollouts.
+    paper: ClassVar[Optional["PaperSettings"]] = None
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

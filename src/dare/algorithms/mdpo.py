@@ -48,6 +48,7 @@ from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty
 from .tracerl import agree_max
 from .views import prompt_completion_view
+from .paper import PaperSettings
 
 
 @dataclass
@@ -131,6 +132,9 @@ def trajectory_fields(batch: Batch):
 class MDPO(GRPOAlgorithm):
     """The sampler's own intermediate states: logp of each step's prediction at its masked positions, 1/t-weighted."""
     name = "mdpo"
+    paper = PaperSettings(
+        lr=1e-5, grad_clip=1.0, temperature=0.1,
+        source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script")
     config_class = MDPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
 

@@ -43,6 +43,7 @@ import torch
 
 from .base import Batch, Companion, LogLik, StepContext, View, concat_rows, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty, rl_view
+from .paper import PaperSettings
 from .value import ValueModel, clipped_value_loss, trace_returns_advantages, view_values
 
 INF_STEP = 2 ** 62  # group index of never-written tokens: masked in every replayed state
@@ -351,6 +352,9 @@ class TraceRLConfig(ReplayConfig):
 class TraceRL(ReplayAlgorithm):
     """Trajectory replay of the rollout's step map (shrink-grouped steps / block rounds), no 1/t; KL to the rollout."""
     name = "tracerl"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=1.0, temperature=1.0,
+        source="Gen-Verse/dLLM-RL configs/rl_sdar.yaml (learning_rate, max_grad_norm, temperature); no Sudoku script")
     config_class = TraceRLConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
