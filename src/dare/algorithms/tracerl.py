@@ -409,22 +409,27 @@ class TraceRL(ReplayAlgorithm):
             out.update(self.value_backward(ctx, batch, loss_scale))
         return out
 
-    def value_backward(self, ctx: StepContext, batch: Batch, loss_scale: float) -> dict[str, float]:
-        """The value model's clipped loss, one forward + backward per replay view, weighted like the surrogate."""
-        vm, cfg = self._value_model(ctx), self.config
+    def value_loss(self, ctx: StepContext, batch: Batch, values: torch.Tensor, select: Optional[torch.Tensor] = None):
+        """The value loss share of ``batch`` for current ``values [B, Lc]`` (restricted to ``select``: one view's
+        targets): the clipped value loss of every target, weighted like the surrogate."""
         weight, _ = self.token_weights(ctx, batch)
-        tgt = self.targets(batch)
+        sel = self.targets(batch) if select is None else self.targets(batch) & select
+        old = batch["old_values"].to(values.device)
+        per_tok, clipped = clipped_value_loss(torch.where(sel, values, old), old, batch["value_returns"].to(values.device),
+                                              self.config.value_clip)
         n = max(ctx.norms.get("targets", 0.0), 1.0)
+        metrics = {"value_clip_frac": float((clipped & sel).sum()) / n,
+                   "value_mean": float((values.detach() * sel).sum()) / n}
+        return (per_tok * weight * sel).sum(), metrics
+
+    def value_backward(self, ctx: StepContext, batch: Batch, loss_scale: float) -> dict[str, float]:
+        """The value model's loss, one forward + backward per replay view (the loss is a sum over tokens)."""
+        vm = self._value_model(ctx)
         out = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0}
         for r, view in enumerate(batch["views"][0]):
-            values = view_values(vm, view)
-            sel = tgt & (batch["replay_round"] == r)
-            old = batch["old_values"].to(values.device)
-            per_tok, clipped = clipped_value_loss(torch.where(sel, values, old), old, batch["value_returns"].to(values.device),
-                                                  cfg.value_clip)
-            loss = (per_tok * weight * sel).sum()
+            loss, metrics = self.value_loss(ctx, batch, view_values(vm, view), select=batch["replay_round"] == r)
             (loss * loss_scale).backward()
             out["value_loss"] += float(loss.detach())
-            out["value_clip_frac"] += float((clipped & sel).sum()) / n
-            out["value_mean"] += float((values.detach() * sel).sum()) / n
+            for k, v in metrics.items():
+                out[k] += v
         return out
