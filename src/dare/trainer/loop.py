@@ -154,7 +154,7 @@ class Trainer:
         share = list(range(self.env.rank, len(source.prompted), self.env.world_size))
         with self._autocast(), gathered_for_inference(self.model):  # decoding: no collectives inside
             kept = self.algo.select_prompts(ctx, self.model, [source.prompted[i] for i in share], share)
-        chosen = torch.zeros(len(source.prompted))
+        chosen = torch.zeros(len(source.prompted), device=self.env.device)
         chosen[[share[i] for i in kept]] = 1.0
         if self.env.distributed:
             import torch.distributed as dist
@@ -186,10 +186,15 @@ class Trainer:
         ctx.norms = self.env.all_reduce_sums(self.algo.normalizers(batch))
         sums: dict[str, float] = defaultdict(float)
         n_it = self.algo.inner_iterations
+
+        def grad_sync(flag: bool) -> None:  # FSDP: reduce gradients on the last micro-batch only
+            set_grad_sync(self.model, flag)
+            self.companions.set_grad_sync(flag)
+
         for it in range(n_it):  # (5)
-            grad_sync = (lambda flag: (set_grad_sync(self.model, flag), self.companions.set_grad_sync(flag))) if self.fsdp else None
             with self._autocast():
-                m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size), grad_sync)
+                m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size),
+                                  grad_sync if self.fsdp else None)
             m = self.env.all_reduce_sums(m)
             grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")), m)
             m["grad_norm"] = grad_norm
