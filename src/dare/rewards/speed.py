@@ -22,8 +22,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
-
 from .registry import get_reward, register_reward, reward_for_task, task_of
 
 # SpeedReward's defaults (speed_{min,max}_speed_value_{correct,wrong}); speed_max_len = the rollout's block size.
@@ -31,12 +29,13 @@ CORRECT_SLOW, CORRECT_FAST = 0.5, 1.0
 WRONG_SLOW, WRONG_FAST = 0.0, -0.5
 
 
-def rollout_info(completion_mask: torch.Tensor, step_map: torch.Tensor, block_length: int) -> list[dict]:
-    """Per sample ``{"tokens", "steps", "block_length"}`` from a rollout (``step_map`` -1 = never written)."""
+def rollout_info(completion_mask, step_map, block_length: int) -> list[dict]:
+    """Per sample ``{"tokens", "steps", "block_length"}`` from a rollout's ``completion_mask`` / ``step_map``
+    tensors (``[N, G]``; step -1 = never written). (No torch import here: reward workers do not load torch.)"""
     mask = completion_mask.bool() & (step_map >= 0)
     out = []
     for m, steps in zip(mask.cpu(), step_map.cpu()):
-        out.append({"tokens": int(m.sum()), "steps": int(torch.unique(steps[m]).numel()), "block_length": int(block_length)})
+        out.append({"tokens": int(m.sum()), "steps": int(steps[m].unique().numel()), "block_length": int(block_length)})
     return out
 
 
