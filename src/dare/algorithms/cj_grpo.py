@@ -57,7 +57,7 @@ class CJGRPO(ReplayAlgorithm):
     """Consistency trajectory: logp of each step's newly decoded tokens given the sampler's state before it."""
     name = "cj_grpo"
     paper = PaperSettings(
-        lr=3e-6, grad_clip=0.2, temperature=1.0, lora=True,
+        lr=3e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
         source="yjyddq/EOSER-ASS-RL one-step-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, temperature, use_peft); sudoku_run.sh (NUM_ITER=8)",
         per_task={"sudoku": {"algorithm": {"inner_iterations": 8}}})
     config_class = CJGRPOConfig

@@ -204,7 +204,7 @@ class ESPO(SequenceRatioAlgorithm):
     """Sequence ELBO (block NELBO on block models), stratified counts + complement pass; sequence-level ratio exp(dB/L)."""
     name = "espo"
     paper = PaperSettings(
-        lr=1e-6, grad_clip=0.2, temperature=1.0, lora=True,
+        lr=1e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
         source="ML-GSAI/ESPO recipes/train.yaml (lr, max_grad_norm, generation_temperature); recipes/run_sudoku_llada.sh (--learning_rate 3e-6, NUM_ITER=8, --beta 1e-2, --max_grad_norm 0.2, --use_peft true)",
         per_task={"sudoku": {"lr": 3e-6, "algorithm": {"inner_iterations": 8, "beta": 1e-2}}})
     config_class = ESPOConfig

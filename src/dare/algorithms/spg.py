@@ -167,7 +167,7 @@ class SPG(GRPOAlgorithm):
     """Block-random masks; ELBO (mean masked-token logp) for A > 0, EUBO / mix upper bound for A <= 0; no ratio."""
     name = "spg"
     paper = PaperSettings(
-        lr=3e-6, grad_clip=0.2, temperature=0.9, lora=True,
+        lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
         source="facebookresearch/SPG spg/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft); spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch (NUM_ITER=4, --temperature 0.3, --eubo_beta 1.0)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 4, "eubo_beta": 1.0}}})
     config_class = SPGConfig
