@@ -12,9 +12,12 @@ from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, ro
 ASS = dict(schedule="ass", eoser=True, eoser_gamma_min=0.01, temperature=1.0, record_trajectory=True)
 
 
-def test_masked_replay_reproduces_the_rollout_states_and_ass_schedule():
+@pytest.mark.parametrize("ass_blocks", [1, 3])
+def test_masked_replay_reproduces_the_rollout_states_and_ass_schedule(ass_blocks):
+    """One block, and CJ-GRPO's multi-block ASS (block_num 3: blocks of 3, 4 and 9 tokens decoded by steps {0, 1},
+    {2}, {3}): the replay states are the sampler's, |U_s| follows the ASS schedule, U_s lies in its block."""
     model, algo, ctx = setup(CJGRPOConfig())
-    sampler = SamplerConfig(gen_length=16, block_length=16, block_stop=False, **ASS)
+    sampler = SamplerConfig(gen_length=16, block_length=16, block_stop=False, ass_blocks=ass_blocks, **ASS)
     batch, r = rollout_batch(model, sampler, n=3)
     views = algo.corrupt(ctx, batch, 0)
     P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
@@ -31,6 +34,10 @@ def test_masked_replay_reproduces_the_rollout_states_and_ass_schedule():
         following = r.trajectory.states[:, s + 1] if s + 1 < len(views) else batch["completion_ids"]
         assert torch.equal(nxt, following)
         assert (state[u] == mask_id).all()
+        if ass_blocks == 3:
+            block = {0: (0, 3), 1: (0, 3), 2: (3, 7), 3: (7, 16)}[s]
+            assert not u[:, :block[0]].any() and not u[:, block[1]:].any()
+            assert (state[:, block[1]:] == mask_id).all()  # later blocks are untouched until their step
         union += u.long()
     assert (union == 1).all()  # U_s disjoint, union = the whole completion (post-EOS padding included)
 
@@ -141,9 +148,18 @@ def test_trains_end_to_end(tmp_path, family):
         assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] > 0 and "kl" in h
 
 
+def test_trains_end_to_end_with_multi_block_ass(tmp_path):
+    hist = run_recipe(tmp_path, "cj_grpo", "llada", "rollout.sampler.ass_blocks=2")
+    assert len(hist) == 2
+    for h in hist:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] == 4  # floor(log2 16) steps
+
+
 @pytest.mark.slow
-def test_learns_a_toy_reward(tmp_path):
+@pytest.mark.parametrize("ass_blocks", [1, 2])
+def test_learns_a_toy_reward(tmp_path, ass_blocks):
     rewards = learning_curve(tmp_path, "cj_grpo", "llada", "algorithm.inner_iterations=1", "algorithm.beta=0.0",
                              "rollout.sampler={gen_length: 8, block_length: 8, schedule: ass, eoser: true, "
-                             "temperature: 1.0, block_stop: false}")
+                             f"temperature: 1.0, block_stop: false, ass_blocks: {ass_blocks}}}",
+                             steps=15 if ass_blocks == 1 else 20)  # 2 blocks: 5 of 8 tokens in one final step, slower
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards

@@ -113,3 +113,27 @@ def test_trains_end_to_end(tmp_path, family):
     for h in hist:
         assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] > 0
         assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and "kl" in h
+
+
+def test_speed_reward_from_the_step_map_end_to_end(tmp_path, monkeypatch):
+    """DiRL's speed term as the recipe's reward: each sample is scored from its own step map (tokens / distinct
+    steps); the tiny model never solves a Sudoku, so the reward is the wrong-answer branch, 0 (slow) .. -0.5 (fast)."""
+    from dare.rewards.speed import cosine, rollout_info
+    seen = []
+    real = stages.prepare
+
+    def spy(algo, ctx, batch, *a, **k):
+        seen.append((batch["rewards"].clone(), rollout_info(batch["completion_mask"], batch["step_map"], 4)))
+        return real(algo, ctx, batch, *a, **k)
+
+    monkeypatch.setattr(stages, "prepare", spy)
+    hist = run_recipe(tmp_path, "dirl", "sdar", "reward.name=null", "reward.terms={speed_cosine: 1.0}",
+                      "algorithm.filter_zero_variance=false", "rollout.sampler.threshold=0.011")
+    assert len(hist) == 2 and all(math.isfinite(h["loss"]) for h in hist)
+    speeds = []
+    for rewards, info in seen:
+        for r, inf in zip(rewards.tolist(), info):
+            speed = inf["tokens"] / inf["steps"]
+            speeds.append(speed)
+            assert r == pytest.approx(cosine(min(speed - 1, 3), 3, -0.5, 0.0), abs=1e-6)
+    assert len(set(speeds)) > 1  # threshold decoding: samples decode at different speeds

@@ -130,6 +130,34 @@ def replay(algo, x, monkeypatch):
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
 
+def _value_prepared(algo, x: dict):
+    """TraceRL with its value model, in the loop's order: ``corrupt``, the value model's old values (given: what
+    ``score_companions`` computes), the token returns and advantages, the normalisers."""
+    batch = rl_batch(x, step_map=x["step_map"])
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter(int(x["block_size"])))
+    batch["views"] = {0: algo.corrupt(ctx, batch, 0)}
+    batch["old_values"] = x["old_values"]
+    batch["advantages"] = algo.advantages(ctx, batch)
+    ctx.norms = algo.normalizers(batch)
+    return ctx, batch
+
+
+@runner("value_loss")
+def value_loss(algo, x, monkeypatch):
+    """TraceRL's value model: returns from the step-level GAE, the clipped value loss on given values."""
+    ctx, batch = _value_prepared(algo, x)
+    values = leaf(x, "values")
+    return algo.value_loss(ctx, batch, values)[0], {"values": values}
+
+
+@runner("value_policy")
+def value_policy(algo, x, monkeypatch):
+    """TraceRL's policy loss with the value model's token-wise advantages."""
+    ctx, batch = _value_prepared(algo, x)
+    logp = leaf(x, "logp")
+    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
+
+
 @runner("mdpo")
 def mdpo(algo, x, monkeypatch):
     """MDPO's step rewards -> step advantages, top-step selection, per-step views (targets, 1/t, confidence), loss."""

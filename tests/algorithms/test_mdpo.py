@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -197,3 +198,107 @@ def test_learns_a_toy_reward(tmp_path):
                              "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0, "
                              "record_trajectory: true, block_stop: false}")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.15, rewards
+
+
+# --- ICFW curation ("incremental_training") ---------------------------------------------------------------------
+
+
+def test_answer_backslide_keeps_intermediate_correct_final_wrong():
+    from dare.algorithms.mdpo import answer_backslide
+    step_correct = torch.tensor([[0, 1, 0], [0, 0, 1], [0, 0, 0], [1, 0, 0], [0, 0, 1]]).bool()
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 0]]).bool()  # rows 3, 4 took 2 steps
+    final = torch.tensor([0, 1, 0, 0, 0]).bool()
+    # row 0: backslide; 1: correct at the end; 2: never correct; 3: backslide; 4: its "correct" step is padding
+    assert answer_backslide(step_correct, valid, final).tolist() == [True, False, False, True, False]
+
+
+def _stop_cut_parity(ids, stops):
+    """1.0 when the token ids of the completion (cut before its first stop token) have an odd sum."""
+    out = []
+    for row in ids.tolist():
+        n = next((k for k, t in enumerate(row) if t in stops), len(row))
+        out.append(float(sum(row[:n]) % 2))
+    return torch.tensor(out)
+
+
+def test_icfw_selects_the_prompts_whose_rollout_backslides():
+    model, algo, ctx = setup(MDPOConfig(icfw=True, icfw_temperature=1.0))
+    sampler = SamplerConfig(gen_length=8, block_length=8, steps=4, temperature=0.1, record_trajectory=False,
+                            block_stop=False)
+    calls = []
+
+    def score_ids(ids, examples, stops):
+        calls.append(len(examples))
+        return _stop_cut_parity(ids, set(stops))
+
+    ctx.services.update({"rollout_sampler": sampler, "score_ids": score_ids})
+    from dare.data.prompts import PromptedExample
+    from dare.models import tiny_tokenizer
+    tok = tiny_tokenizer()
+    prompts = [PromptedExample({"task": "toy"}, f"puzzle {i}", tok.encode(f"puzzle {i}")) for i in range(12)]
+    uids = list(range(100, 112))
+    kept = algo.select_prompts(ctx, model, prompts, uids)
+    # brute force: the same rollout (greedy settings of icfw, the trainer's keyed seeds), every step scored
+    from dare.diffusion.noise import STREAM_ROLLOUT, derive_seed
+    from dare.rollout import generate
+    cfg = dataclasses.replace(sampler, temperature=1.0, record_trajectory=True)
+    expected = []
+    for j, (p, u) in enumerate(zip(prompts, uids)):
+        r = generate(model, [p.input_ids], cfg, seeds=[derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u)])
+        stops = set(r.stop_token_ids)
+        steps = [bool(_stop_cut_parity(r.trajectory.x0[0, s:s + 1], stops)[0]) for s in range(int(r.num_steps[0]))]
+        if any(steps) and not bool(_stop_cut_parity(r.completion_ids, stops)[0]):
+            expected.append(j)
+    assert kept == expected and 0 < len(kept) < len(prompts)
+    assert calls[0] == 12  # the final answers, then every recorded step of every rollout
+    assert sum(calls[1:]) == 12 * 4
+
+
+def _icfw_run(tmp_path, *extra, steps=3):
+    from dare.rewards import REWARDS, register_reward
+    if "icfw_odd_length" not in REWARDS:
+        register_reward("icfw_odd_length")(_odd_length)
+    return run_recipe(tmp_path, "mdpo", "llada", "reward.name=icfw_odd_length", "algorithm.icfw=true",
+                      "algorithm.icfw_temperature=1.0", *extra, steps=steps)
+
+
+def _odd_length(completion, example):
+    return float(len(completion) % 2)
+
+
+def test_icfw_trains_on_the_selected_pool_and_resumes_with_it(tmp_path, monkeypatch):
+    from dare.trainer.rl import PromptSource
+    seen = []
+    real = PromptSource.batch
+
+    def spy(self, step):
+        out = real(self, step)
+        allowed = {tuple(self.prompted[i].input_ids) for i in (self.pool or [])}
+        seen.append((len(self.pool or []), all(tuple(t) in allowed for t in out["prompt_tokens"])))
+        return out
+
+    monkeypatch.setattr(PromptSource, "batch", spy)
+    hist = _icfw_run(tmp_path / "a")
+    n = hist[0]["curated_prompts"]
+    assert 0 < n < 8  # some of the 8 prompts backslide, not all
+    assert seen and all(size == n and inside for size, inside in seen[:int(-(-n // 2))])  # one pass over the pool
+    # resume from a checkpoint taken inside the pool's pass: the same pool, the same losses
+    _icfw_run(tmp_path / "b", "train.save_every=1", steps=1)
+    resumed = _icfw_run(tmp_path / "b", "train.resume=auto")
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in hist[1:]]
+    assert [h.get("curated_prompts") for h in resumed] == [h.get("curated_prompts") for h in hist[1:]]
+
+
+@pytest.mark.slow
+def test_icfw_two_processes_select_the_same_pool_as_one(tmp_path):
+    """Each rank tests half of the prompts (model gathered once for decoding); the pools are merged by an all-reduce."""
+    from tests.algorithms.trajectory_helpers import train_subprocess
+    args = ["train.steps=2", "train.batch_size=4", "rollout.group_size=4", "algorithm.icfw=true",
+            "algorithm.icfw_temperature=1.0", "algorithm.icfw_correct=0.04"]
+    one = train_subprocess(tmp_path, tmp_path / "one", "mdpo", *args)
+    two = train_subprocess(tmp_path, tmp_path / "two", "mdpo", *args, "distributed.nproc=2")
+    assert one[0]["curated_prompts"] == two[0]["curated_prompts"] > 0
+    # Step 1 trains on the same prompts of the pool, so it has the same rollouts. (MDPO's update itself differs with
+    # the number of ranks -- each rank picks its own top steps, docs/algorithms/mdpo.md -- so later steps differ.)
+    a, b = one[0], two[0]
+    assert a["reward_mean"] == b["reward_mean"] and a["completion_len"] == b["completion_len"], (a, b)

@@ -53,8 +53,8 @@ def test_the_group_requirement_comes_from_the_algorithm_not_its_name():
 
 @pytest.mark.parametrize("override,pattern", [
     ("reward.name=maht", "unknown reward 'maht'. Did you mean 'math'"),
-    ("reward.weights={countdown: 1.0, formatt: 0.5}", "unknown reward 'formatt'. Did you mean 'format'"),
-    ("reward.weights={countdown: .nan}", "weight of 'countdown' must be a finite number"),
+    ("reward.terms={countdown: 1.0, formatt: 0.5}", "unknown reward 'formatt'. Did you mean 'format'"),
+    ("reward.terms={countdown: .nan}", "weight of 'countdown' must be a finite number"),
     ("optim.lr=.inf", "optim.lr must be a positive finite number, got inf"),
     ("optim.lr=.nan", "optim.lr must be a positive finite number, got nan"),
     ("optim.lr=1e999", "optim.lr must be a positive finite number"),
@@ -69,11 +69,11 @@ def test_bad_values_fail_at_recipe_load(override, pattern):
 
 
 def test_reward_weights_are_the_scoring_spec():
-    recipe = load_recipe(D1, ["reward.weights={sudoku: 1.0, format: 0.5}"])
+    recipe = load_recipe(D1, ["reward.terms={sudoku: 1.0, format: 0.5}"])
     assert recipe.reward.spec == {"sudoku": 1.0, "format": 0.5}
     assert load_recipe(D1, []).reward.spec == "auto" and load_recipe(D1, ["reward.name=sudoku"]).reward.spec == "sudoku"
-    with pytest.raises(ConfigError, match="reward.name or reward.weights, not both"):
-        load_recipe(D1, ["reward.name=sudoku", "reward.weights={format: 1.0}"])
+    with pytest.raises(ConfigError, match="reward.terms are both set"):
+        load_recipe(D1, ["reward.name=sudoku", "reward.terms={format: 1.0}"])
 
 
 def test_steps_beyond_gen_length_are_reported_once(caplog):

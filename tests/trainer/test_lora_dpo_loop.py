@@ -62,3 +62,15 @@ def test_preference_training_runs_on_every_family(tmp_path, family):
                                 "train.batch_size=4", "reference.mode=copy")).run()
     assert hist[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert math.isfinite(hist[1]["loss"])
+
+
+def test_lora_run_resumes_exactly(tmp_path):
+    """The frozen base is not in the checkpoint (ignore_frozen_params); loading fills only the trainable adapters."""
+    straight = Trainer(sft_recipe(tmp_path / "a", "lora.enabled=true", "train.steps=3")).run()
+    Trainer(sft_recipe(tmp_path / "b", "lora.enabled=true", "train.steps=1", "train.save_every=1")).run()
+    resumed = Trainer(sft_recipe(tmp_path / "b", "lora.enabled=true", "train.steps=3"))
+    assert resumed.start_step == 1
+    assert [h["loss"] for h in resumed.run()] == [h["loss"] for h in straight[1:]]
+    from dare.trainer.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="different recipe"):  # a full-parameter run cannot load LoRA weights
+        Trainer(sft_recipe(tmp_path / "b", "train.steps=3"))

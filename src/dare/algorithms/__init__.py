@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import (ALGORITHMS, Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View, build_algorithm,
-                   get_algorithm, register_algorithm)
+from .base import (ALGORITHMS, Algorithm, AlgorithmConfig, Batch, Companion, LogLik, StepContext, View,
+                   build_algorithm, get_algorithm, register_algorithm)
 
 _LOADED = False
 
@@ -24,5 +24,5 @@ def load_builtin_algorithms() -> None:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Batch", "LogLik", "StepContext", "View", "build_algorithm",
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Batch", "Companion", "LogLik", "StepContext", "View", "build_algorithm",
            "get_algorithm", "register_algorithm", "load_builtin_algorithms"]

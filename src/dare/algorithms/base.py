@@ -27,6 +27,13 @@ algorithm's name: it calls the hooks below, each with a default, so a method is 
 * ``backward(ctx, model, batch, iteration, loss_scale) -> metrics`` -- runs the update's autograd for one
   micro-batch. The default builds one graph (``log_likelihood`` -> ``loss`` -> ``backward``); a method that
   needs more (VRPO's two-pass gradient, BGPO's per-MC-sample backward) overrides it, and the loop does not care.
+* ``companions() -> list[Companion]`` and ``score_companions(ctx, batch, micro_batch_size)`` -- models trained
+  alongside the policy with their own optimizer (TraceRL's value model). The trainer builds, shards, steps and
+  checkpoints them; hooks reach them as ``ctx.companions[name]``; ``score_companions`` runs in stage (3), after the
+  corruption and before any update (e.g. the value model's old values), and ``backward`` adds their losses.
+* ``curates_prompts`` / ``select_prompts(ctx, model, prompts, uids) -> list[int]`` -- data curation (MDPO's ICFW): the
+  RL trainer asks the method which training prompts to use before the first step and again after every pass over
+  the chosen pool (each rank gets a share of the prompts; the model is gathered for decoding).
 
 Batches are ``Batch`` objects: per-sample tensors with the sample dimension first, sliced consistently into
 micro-batches by ``Batch.select``. Algorithm configs are dataclasses registered with their algorithm; the recipe's
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
@@ -205,6 +212,7 @@ class StepContext:
     chunk_size: Optional[int] = DEFAULT_CHUNK
     want_entropy: bool = False
     services: dict = field(default_factory=dict)  # tokenizer, reward scorer, ... for hooks that need them
+    companions: dict = field(default_factory=dict)  # name -> model trained alongside the policy (``Companion``)
 
     def generator(self, *key) -> torch.Generator:
         """The corruption generator for ``key`` = (iteration, sample_uid, mc_index, ...) at this step."""
@@ -216,6 +224,16 @@ class StepContext:
 # ----------------------------------------------------------------------------------------------------------
 
 ALGORITHMS: dict[str, type["Algorithm"]] = {}
+
+
+@dataclass
+class Companion:
+    """A model an algorithm trains alongside the policy (TraceRL's value model), with its own AdamW learning rate
+    (the other optimizer settings and the LR schedule are the recipe's). ``build(policy)`` makes it from the
+    policy as configured (LoRA, gradient checkpointing), before FSDP sharding; the trainer shards it the same way."""
+    name: str
+    build: Callable[[Any], torch.nn.Module]
+    lr: float
 
 
 @dataclass
@@ -362,6 +380,23 @@ class Algorithm:
 
     def advantages(self, ctx: StepContext, batch: Batch) -> Optional[torch.Tensor]:
         return None
+
+    def companions(self) -> list[Companion]:
+        """Models trained alongside the policy (see ``Companion``); none by default."""
+        return []
+
+    def score_companions(self, ctx: StepContext, batch: Batch, micro_batch_size: int) -> None:
+        """Stage (3) for the companions: score the batch's views before any update (no-op by default)."""
+
+    @property
+    def curates_prompts(self) -> bool:
+        """Whether the RL trainer asks ``select_prompts`` which training prompts to use (MDPO's ICFW)."""
+        return False
+
+    def select_prompts(self, ctx: StepContext, model, prompts: list, uids: list[int]) -> list[int]:
+        """Positions in ``prompts`` (objects with ``input_ids`` and ``example``; ``uids`` their global indices) to train
+        on until the next curation. Runs with the model gathered for decoding (``dare.rollout.generate``)."""
+        raise NotImplementedError(f"{type(self).__name__} curates prompts but does not implement select_prompts()")
 
     def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")

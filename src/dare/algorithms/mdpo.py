@@ -21,6 +21,12 @@ Deviations: ``N_s`` is global over the step's batch instead of per micro-batch; 
 rank selects its own top steps (slot j pools every rank's j-th step). Dream's shifted logits are handled by the
 shared log-prob code.
 
+ICFW curation (``icfw: true``, the reference's ``incremental_training`` / ``_incremental_data_selection``): before the
+first step and again after every pass over the chosen prompts, each training prompt gets one rollout with the
+recipe's sampler at ``icfw_temperature`` (greedy) recording its trajectory; its final answer and every intermediate
+prediction ``x0^(s)`` are rewarded, and training uses only the prompts that were correct (reward >= ``icfw_correct``)
+at some step but are wrong at the end ("answer backslide"). No such prompt: all prompts until the next selection.
+
 Masked-diffusion models only, with single-block rollouts (``block_length = gen_length``). MDPO's learning signal is
 the reward of every intermediate *whole-answer* prediction ``x0^(s)``; a step that decodes one block predicts only
 that block, so ``R(x0^(s))`` is undefined until the last block. That is why a masked model needs single-block
@@ -31,6 +37,7 @@ training distribution (the block NELBO always conditions on a clean prefix).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -55,9 +62,16 @@ class MDPOConfig(GRPOConfig):
     sample_train_steps: int = 16
     temperature: float = 0.1  # logits / temperature when scoring (the reference reuses the rollout temperature)
     confidence_weight: bool = True  # weight each token by the sampler's confidence c_k
+    # ICFW curation ("incremental_training"): train only on prompts whose greedy rollout was correct at an
+    # intermediate step but is wrong at the end (answer backslide), re-selected after every pass over them.
+    icfw: bool = False
+    icfw_correct: float = 1.0  # a reward >= this is "correct" (the reference's verify_fn is a boolean)
+    icfw_temperature: float = 0.0  # _incremental_data_selection decodes greedily (0.1 for Dream)
 
     def __post_init__(self):
         super().__post_init__()
+        if self.icfw_temperature < 0:
+            raise ValueError(f"icfw_temperature must be >= 0, got {self.icfw_temperature}")
         if self.sample_train_steps < 1:
             raise ValueError(f"sample_train_steps must be >= 1, got {self.sample_train_steps}")
         if self.temperature <= 0:
@@ -93,6 +107,12 @@ def top_steps(advantages: torch.Tensor, valid: torch.Tensor, k: int) -> list[int
     return torch.topk(score, k=min(k, score.numel())).indices.tolist()
 
 
+def answer_backslide(step_correct: torch.Tensor, valid: torch.Tensor, final_correct: torch.Tensor) -> torch.Tensor:
+    """Bool ``[N]``: correct at some recorded step (``step_correct``/``valid`` ``[N, S]``) but wrong at the end --
+    the ICFW samples (``_incremental_data_selection``: some intermediate answer verifies, the last one does not)."""
+    return (step_correct.bool() & valid.bool()).any(1) & ~final_correct.bool()
+
+
 def trajectory_fields(batch: Batch):
     """(states, x0, confidence, valid) of the batch's trajectory (a dict of tensors or an object with them)."""
     if "trajectory" not in batch or batch["trajectory"] is None:
@@ -125,6 +145,33 @@ class MDPO(GRPOAlgorithm):
     @property
     def mc_samples(self) -> int:
         return self.config.sample_train_steps
+
+    # --- ICFW curation (``incremental_training``) ----------------------------------------------------------
+    @property
+    def curates_prompts(self) -> bool:
+        return self.config.icfw
+
+    def select_prompts(self, ctx: StepContext, model, prompts: list, uids: list[int]) -> list[int]:
+        """One rollout per prompt with the recipe's sampler at ``icfw_temperature``, recording its trajectory; every
+        intermediate prediction ``x0^(s)`` and the final completion are rewarded; keep the answer backslides."""
+        from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
+        from ..rollout import generate
+        cfg = self.config
+        if not prompts:
+            return []
+        sampler = dataclasses.replace(ctx.services["rollout_sampler"], temperature=cfg.icfw_temperature,
+                                      record_trajectory=True)
+        score = ctx.services["score_ids"]
+        seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u) for u in uids]
+        ro = generate(model, [p.input_ids for p in prompts], sampler, n=1, seeds=seeds)
+        examples = [p.example for p in prompts]
+        final = score(ro.completion_ids, examples, ro.stop_token_ids)
+        x0, valid = ro.trajectory.x0, ro.trajectory.valid.bool()
+        rows, steps = valid.nonzero(as_tuple=True)
+        step_scores = torch.zeros(valid.shape, device=final.device)
+        step_scores[rows, steps] = score(x0[rows, steps], [examples[int(r)] for r in rows], ro.stop_token_ids).to(final.device)
+        keep = answer_backslide(step_scores >= cfg.icfw_correct, valid, final >= cfg.icfw_correct)
+        return keep.nonzero().flatten().tolist()
 
     # --- per-step rewards and advantages (computed once, before the views) -----------------------------
     def step_rewards(self, ctx: StepContext, batch: Batch) -> torch.Tensor:

@@ -28,6 +28,11 @@ responses scored as wrong): each (sample, round) pair is one training row; ``rou
 ``rl_llada.py``) averages the surrogate over the row's targets and sums its KL over them, ``round_length`` (block
 models, ``rl_sdar.py``) divides both by the response length Lc; then the mean over all rows of the step. Defaults
 follow ``configs/rl_sdar.yaml`` / ``rl_llada.yaml`` (shrink 1 and 8, post_num 0, lr 1e-6).
+
+**Value model** (``value_model: true``, ``configs/*_with_value.yaml``; ``value.py``): a companion value network
+scores every target in its replay state before the update; the advantages become token-wise ``A_j = R_j - V_j``
+(step-level GAE, gamma = lambda = 1) and the value model is trained with the clipped value loss in the same
+per-view backward.
 """
 from __future__ import annotations
 
@@ -36,9 +41,10 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 
-from .base import Batch, LogLik, StepContext, View, register_algorithm
+from .base import Batch, Companion, LogLik, StepContext, View, concat_rows, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty, rl_view
 from .paper import PaperSettings
+from .value import ValueModel, clipped_value_loss, trace_returns_advantages, view_values
 
 INF_STEP = 2 ** 62  # group index of never-written tokens: masked in every replayed state
 
@@ -324,6 +330,22 @@ class TraceRLConfig(ReplayConfig):
     # round_mean: each (sample, round) row averages its targets (rl_llada.py); round_length: divides by the
     # response length Lc (rl_sdar.py); auto: round_length on block models, round_mean otherwise.
     normalize: Literal["auto", "round_mean", "round_length"] = "auto"
+    # The optional diffusion value model (configs/*_with_value.yaml; see value.py): token-wise baselines.
+    value_model: bool = False
+    value_lr: float = 5e-6  # optimizer.params.value_learning_rate
+    value_clip: Optional[float] = 0.2  # training.eps: the value loss is clipped like the policy ratio
+    value_gamma: float = 1.0  # training.gam
+    value_lambda: float = 1.0  # training.lam
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("value_gamma", "value_lambda"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.value_lr <= 0:
+            raise ValueError(f"value_lr must be positive, got {self.value_lr}")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"value_clip must be positive or null, got {self.value_clip}")
 
 
 @register_algorithm
@@ -348,3 +370,68 @@ class TraceRL(ReplayAlgorithm):
             w = tgt / (batch["completion_ids"].shape[1] * rows)
             return w, w
         return tgt / (per_round_counts(batch, tgt).clamp_min(1.0) * rows), tgt / rows
+
+    # --- the optional value model (value.py) ----------------------------------------------------------------
+    def companions(self) -> list[Companion]:
+        cfg = self.config
+        return [Companion("value", ValueModel.from_policy, cfg.value_lr)] if cfg.value_model else []
+
+    def _value_model(self, ctx: StepContext):
+        if "value" not in ctx.companions:
+            raise ValueError("algorithm.value_model: true needs the trainer's value model (ctx.companions['value'])")
+        return ctx.companions["value"]
+
+    @torch.no_grad()
+    def score_companions(self, ctx: StepContext, batch: Batch, micro_batch_size: int) -> None:
+        """Old values ``[B, Lc]``: each target's value in its own replay view, before any update."""
+        if not self.config.value_model:
+            return
+        vm, parts = self._value_model(ctx), []
+        for mb in batch.split(micro_batch_size):
+            values = torch.zeros(mb["completion_ids"].shape, device=mb["completion_ids"].device)
+            for r, view in enumerate(mb["views"][0]):
+                own = mb["replay_round"] == r
+                values = torch.where(own, view_values(vm, view).to(values.device), values)
+            parts.append(values)
+        batch["old_values"] = concat_rows(parts)
+
+    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+        scores = super().advantages(ctx, batch)  # the group z-scored (outcome) rewards
+        cfg = self.config
+        if not cfg.value_model:
+            return scores
+        steps = torch.where(self.targets(batch), batch["replay_transition"], torch.full_like(batch["replay_transition"], -1))
+        returns, adv = trace_returns_advantages(scores, batch["old_values"], steps, cfg.value_gamma, cfg.value_lambda)
+        batch["value_returns"] = returns
+        return adv
+
+    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+        out = super().backward(ctx, model, batch, iteration, loss_scale)
+        if self.config.value_model:
+            out.update(self.value_backward(ctx, batch, loss_scale))
+        return out
+
+    def value_loss(self, ctx: StepContext, batch: Batch, values: torch.Tensor, select: Optional[torch.Tensor] = None):
+        """The value loss share of ``batch`` for current ``values [B, Lc]`` (restricted to ``select``: one view's
+        targets): the clipped value loss of every target, weighted like the surrogate."""
+        weight, _ = self.token_weights(ctx, batch)
+        sel = self.targets(batch) if select is None else self.targets(batch) & select
+        old = batch["old_values"].to(values.device)
+        per_tok, clipped = clipped_value_loss(torch.where(sel, values, old), old, batch["value_returns"].to(values.device),
+                                              self.config.value_clip)
+        n = max(ctx.norms.get("targets", 0.0), 1.0)
+        metrics = {"value_clip_frac": float((clipped & sel).sum()) / n,
+                   "value_mean": float((values.detach() * sel).sum()) / n}
+        return (per_tok * weight * sel).sum(), metrics
+
+    def value_backward(self, ctx: StepContext, batch: Batch, loss_scale: float) -> dict[str, float]:
+        """The value model's loss, one forward + backward per replay view (the loss is a sum over tokens)."""
+        vm = self._value_model(ctx)
+        out = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0}
+        for r, view in enumerate(batch["views"][0]):
+            loss, metrics = self.value_loss(ctx, batch, view_values(vm, view), select=batch["replay_round"] == r)
+            (loss * loss_scale).backward()
+            out["value_loss"] += float(loss.detach())
+            for k, v in metrics.items():
+                out[k] += v
+        return out

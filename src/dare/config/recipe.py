@@ -143,23 +143,26 @@ class RolloutSection:
 @dataclass
 class RewardSection:
     name: Optional[str] = None  # default: the reward registered for each example's task
-    weights: dict[str, float] = field(default_factory=dict)  # or a weighted sum, e.g. {countdown: 1.0, format: 0.5}
+    # A weighted combination {reward name: weight} instead of `name` ("auto" = each example's task reward), e.g.
+    # {auto: 1.0, speed: 0.5}, {countdown: 1.0, format: 0.5} or DiRL's {speed_cosine: 1.0} (see docs/rewards.md).
+    terms: dict[str, float] = field(default_factory=dict)
     timeout: float = 10.0
     workers: int = 1
 
     def __post_init__(self):
         from ..rewards.registry import check_reward_spec
-        if self.name is not None and self.weights:
-            raise ValueError("set reward.name or reward.weights, not both")
-        check_reward_spec(self.spec, "reward.weights" if self.weights else "reward.name")
+        if self.name is not None and self.terms:
+            raise ValueError(f"reward.name={self.name!r} and reward.terms are both set; put the name into terms "
+                             f"({{{self.name}: 1.0, ...}})")
+        check_reward_spec(self.spec, "reward.terms" if self.terms else "reward.name")
         if not (math.isfinite(self.timeout) and self.timeout > 0) or self.workers < 0:
             raise ValueError(f"reward.timeout must be a positive number of seconds and reward.workers >= 0, got "
                              f"{self.timeout}, {self.workers}")
 
     @property
     def spec(self):
-        """What ``dare.rewards.score_batch`` takes: the name, the weights, or "auto" (each example's task default)."""
-        return dict(self.weights) if self.weights else (self.name or "auto")
+        """What ``dare.rewards.score_batch`` takes: the terms, else the name, else ``auto`` (each example's task)."""
+        return dict(self.terms) if self.terms else (self.name or "auto")
 
 
 @dataclass

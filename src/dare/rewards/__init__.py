@@ -5,10 +5,11 @@ Every reward is a pure function ``(completion: str, example: dict) -> float`` re
 
 Built-in rewards: ``math`` (GSM8K/MATH/MATH-500/AIME), ``countdown``, ``sudoku`` (d1 rules),
 ``code`` (HumanEval/MBPP in the sandbox), format terms ``format``, ``format_strict``, ``xml_count``,
-``answer_int``, ``boxed_in_answer``. ``reward_for_task(task)`` names a task's default reward and
+``answer_int``, ``boxed_in_answer``; DiRL's decoding-speed terms ``speed``, ``speed_cosine`` (fed by the rollout's
+step map). ``reward_for_task(task)`` names a task's default reward and
 ``"auto"`` picks it per example.
 """
-from . import code_reward, format, math_reward, puzzles  # noqa: F401  (register the built-in rewards)
+from . import code_reward, format, math_reward, puzzles, speed  # noqa: F401  (register the built-in rewards)
 from .batch import DEFAULT_TIMEOUT, DEFAULT_WORKERS, RewardPool, close_pool, get_pool, score_batch
 from .code_reward import build_program, extract_code, run_code, set_code_limits
 from .extract import extract_answer, last_boxed

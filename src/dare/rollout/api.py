@@ -13,7 +13,7 @@ import torch
 
 from .block import block_schedule, build_block_state, run_block
 from .config import SamplerConfig
-from .masked import build_masked_state, masked_steps, run_masked
+from .masked import build_masked_state, masked_blocks, run_masked
 from .selection import REMASKINGS
 from .state import DecodeState, PromptBatch, PromptsLike, expand_prompts, make_prompt_batch, make_stop_ids, sample_generators
 
@@ -94,13 +94,14 @@ def check_config(model, config: SamplerConfig) -> None:
         if not remask.block_models:
             raise ValueError(f"remasking={config.remasking!r} is a masked-diffusion (Dream) algorithm; block-diffusion "
                              f"models use static, dynamic, sequential, low_confidence, random, maskgit_plus, topk_margin or entropy")
-        for name, bad in (("cfg_scale", config.cfg_scale > 0), ("alg_temp", bool(config.alg_temp)), ("rcr", config.rcr)):
+        for name, bad in (("cfg_scale", config.cfg_scale > 0), ("alg_temp", bool(config.alg_temp)), ("rcr", config.rcr),
+                          ("ass_blocks", config.ass_blocks > 1)):
             if bad:
                 raise ValueError(f"{name} is only implemented for masked-diffusion (bidirectional) models")
     else:
         if config.editing:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs a block-diffusion model")
-        masked_steps(config)
+        masked_blocks(config)
 
 
 def _needs_random(config: SamplerConfig) -> bool:
@@ -111,6 +112,8 @@ def steps_per_block(model, config: SamplerConfig) -> int:
     """Denoising steps of one block in the sampler's schedule (a schedule step s is block s // it, step s % it)."""
     if model.adapter.is_block_causal:
         return int(block_schedule(config).numel())
+    if config.ass_blocks > 1:  # CJ-GRPO's variable-size ASS blocks have no single steps-per-block
+        raise ValueError("pausing (until_step) a decode with rollout.sampler.ass_blocks > 1 is not supported")
     return masked_steps(config)[1]
 
 

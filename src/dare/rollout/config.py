@@ -57,6 +57,10 @@ class SamplerConfig:
     # Tokens per step: "even" (LLaDA split; Dream's algorithms use their eps time grid), or CJ-GRPO's
     # ascending step size "ass" (step i commits 2^i tokens, floor(log2 block) steps per block).
     schedule: str = "even"
+    # CJ-GRPO's multi-block ASS (its ``block_num``): with schedule="ass" and block_length = gen_length, decode
+    # the completion in this many variable-size blocks -- the first takes ASS steps 0..S-n, each later block one
+    # step (masked-diffusion models; see schedule.ass_block_steps). 1 = one block.
+    ass_blocks: int = 1
     # CJ-GRPO EOS early rejection: the confidence of a predicted stop token is scaled by gamma(step),
     # rising from eoser_gamma_min at step 0 to eoser_gamma_max.
     eoser: bool = False
@@ -82,6 +86,14 @@ class SamplerConfig:
             raise ValueError(f"cache={self.cache!r} is not one of {', '.join(CACHES)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.ass_blocks < 1:
+            raise ValueError(f"ass_blocks must be >= 1, got {self.ass_blocks}")
+        if self.ass_blocks > 1:
+            if self.schedule != "ass" or self.block_length != self.gen_length:
+                raise ValueError(f"ass_blocks={self.ass_blocks} (CJ-GRPO's variable-size ASS blocks) sets the block "
+                                 f"structure itself: use schedule='ass' and block_length = gen_length")
+            from .schedule import ass_block_steps
+            ass_block_steps(self.gen_length, self.ass_blocks)  # at most floor(log2 gen_length) blocks
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:

@@ -17,6 +17,7 @@ position, so cached steps feed one extra token in front of the block.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -46,6 +47,36 @@ def masked_steps(cfg: SamplerConfig) -> tuple[int, int]:
     if cfg.steps % nb:
         raise ValueError(f"steps={cfg.steps} must be divisible by the number of blocks gen_length/block_length={nb}")
     return nb, cfg.steps // nb
+
+
+@dataclass(frozen=True)
+class MaskedBlock:
+    """One block of a masked-model rollout: completion columns [start, start + length), decoded in ``steps`` steps;
+    ``counts [steps]`` fixes the tokens per step (ASS) or is None (the remasking's own split of the block)."""
+    start: int
+    length: int
+    steps: int
+    counts: Optional[torch.Tensor] = None
+
+
+def masked_blocks(cfg: SamplerConfig) -> list[MaskedBlock]:
+    """The blocks of a masked model's rollout: ``block_length``-sized blocks, or CJ-GRPO's variable-size ASS
+    blocks with ``ass_blocks > 1`` (the ASS steps of the whole completion grouped by ``schedule.ass_block_steps``)."""
+    if cfg.ass_blocks > 1:
+        G = cfg.gen_length
+        if cfg.steps not in (G, sched.ass_num_steps(G)):
+            raise ValueError(f"schedule='ass' takes floor(log2 gen_length)={sched.ass_num_steps(G)} steps; "
+                             f"leave steps unset")
+        counts = sched.ass_split(G)
+        out, step, start = [], 0, 0
+        for k in sched.ass_block_steps(G, cfg.ass_blocks):
+            c = counts[step:step + k]
+            out.append(MaskedBlock(start, int(c.sum()), k, c))
+            step, start = step + k, start + int(c.sum())
+        return out
+    nb, spb = masked_steps(cfg)
+    counts = sched.ass_split(cfg.block_length) if cfg.schedule == "ass" else None
+    return [MaskedBlock(b * cfg.block_length, cfg.block_length, spb, counts) for b in range(nb)]
 
 
 def build_masked_state(batch: PromptBatch, cfg: SamplerConfig, mask_id: int, stop_ids, gens, record) -> DecodeState:
@@ -114,21 +145,23 @@ class MaskedForward:
 
 def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
     remask = REMASKINGS[cfg.remasking]
-    nb, spb = masked_steps(cfg)
-    total_steps = nb * spb
+    blocks = masked_blocks(cfg)
+    total_steps = sum(blk.steps for blk in blocks)
     fwd = MaskedForward(model, st, cfg)
     cached = cfg.cache in ("prefix", "dual")
-    P, BL, mask_id = int(st.gen_start[0]), cfg.block_length, st.mask_id
-    grid = sched.time_grid(spb, cfg.eps, device=st.x.device)
+    P, mask_id = int(st.gen_start[0]), st.mask_id
     b0, i0 = st.start
-    for b in range(b0, nb):
+    for b in range(b0, len(blocks)):
+        blk = blocks[b]
         act = st.active()
         if act.numel() == 0:
             break
-        c0, c1 = P + b * BL, P + (b + 1) * BL
+        BL, spb = blk.length, blk.steps
+        grid = sched.time_grid(spb, cfg.eps, device=st.x.device)
+        c0, c1 = P + blk.start, P + blk.start + BL
         masks0 = st.block_start_masks(act, c0, c1)
-        if cfg.schedule == "ass":
-            counts = sched.ass_split(BL, device=st.x.device).expand(act.numel(), -1)
+        if blk.counts is not None:
+            counts = blk.counts.to(st.x.device).expand(act.numel(), -1)
         elif remask.time_grid:
             counts = sched.time_grid_split(masks0, spb, cfg.eps)
         else:

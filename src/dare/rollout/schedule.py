@@ -7,7 +7,8 @@ Three schedules, all vectorised over rows:
 * ``time_grid_count`` -- Dream's eps time grid: at step i of T, ``int(m * (1 - s/t))`` of the m masks left,
   with ``t, s = linspace(1, eps, T+1)[i:i+2]`` in float32 (exactly the reference arithmetic), all on the last;
 * ``ass_split`` -- CJ-GRPO's ascending step size: ``floor(log2 n)`` steps committing 1, 2, 4, ..., the
-  remainder on the last step (n = 128: 1, 2, 4, 8, 16, 32, 65).
+  remainder on the last step (n = 128: 1, 2, 4, 8, 16, 32, 65); ``ass_block_steps`` groups those steps into
+  CJ-GRPO's variable-size blocks (its ``block_num``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ def ass_split(n: int, device=None) -> torch.Tensor:
     out = torch.tensor([2 ** i for i in range(s)], dtype=torch.long, device=device)
     out[-1] = n - (2 ** (s - 1) - 1)
     return out
+
+
+def ass_block_steps(n: int, blocks: int) -> list[int]:
+    """How many of the ``floor(log2 n)`` ASS steps each of CJ-GRPO's ``blocks`` blocks takes (its ``block_num``,
+    ``get_block_sizes`` in ``cj_grpo_trainer_eoser_ass.py``): the first block takes steps 0 .. S - blocks, every
+    later block exactly one step, so the blocks hold 2^(S-blocks+1) - 1, 2^(S-blocks+1), ..., 2^(S-2) tokens and
+    the last one the final step's 2^(S-1) + 1 + (n - 2^S). The per-step counts are those of ``ass_split(n)``."""
+    s = ass_num_steps(n)
+    if not 1 <= blocks <= s:
+        raise ValueError(f"ass_blocks={blocks} must be between 1 and floor(log2 gen_length)={s} (one ASS step per "
+                         f"later block)")
+    return [s - blocks + 1] + [1] * (blocks - 1)
 
 
 def time_grid(steps: int, eps: float, device=None) -> torch.Tensor:

@@ -155,6 +155,33 @@ def _check_finite(path: Path, state: dict) -> None:
                                       f"an earlier checkpoint (train.resume=<folder>) or start over")
 
 
+def _train_state(model, optimizer, reference=None, companions=None) -> dict:
+    """The DCP state of a run: policy + optimizer, the synced reference, and every companion model + optimizer."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
+    state = {"model": model_sd, "optim": optim_sd}
+    if reference is not None:
+        state["reference"] = get_model_state_dict(reference)
+    for name, (module, optim) in (companions or {}).items():
+        c_model, c_optim = get_state_dict(module, optim, options=_state_options())
+        state[f"companion.{name}"] = {"model": c_model, "optim": c_optim}
+    return state
+
+
+def _set_trainable_state(path: Path, model, optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load the trainable parameters and the optimizer state. Frozen parameters (a LoRA base, a value model's unused
+    LM head) are not in the checkpoint (``ignore_frozen_params``) and keep their values from the model source; any
+    other missing or unexpected key is an error."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    keys = set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                          options=StateDictOptions(ignore_frozen_params=True, strict=False))
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    missing = [k for k in keys.missing_keys if k not in frozen]
+    if missing or keys.unexpected_keys:
+        raise CheckpointError(f"{path}: the checkpoint does not fit this model (missing {missing[:5]}, unexpected "
+                              f"{list(keys.unexpected_keys)[:5]}); was it written by a different recipe?")
+
+
 class CheckpointManager:
     def __init__(self, run_dir: Path, env: DistEnv, keep: int = 2):
         self.root = Path(run_dir) / "checkpoints"
@@ -194,11 +221,12 @@ class CheckpointManager:
         return None
 
     # --- save ---------------------------------------------------------------------------------------------
-    def save(self, step: int, model, optimizer, trainer_state: dict, reference=None) -> Path:
+    def save(self, step: int, model, optimizer, trainer_state: dict, reference=None, companions=None) -> Path:
+        """``companions``: ``{name: (module, optimizer)}`` trained alongside the policy (saved and loaded with it)."""
         final = self.root / f"step-{step}"
         tmp = self.root / f".tmp-step-{step}"
         try:
-            self._write(step, tmp, final, model, optimizer, trainer_state, reference)
+            self._write(step, tmp, final, model, optimizer, trainer_state, reference, companions)
         except BaseException as e:
             if self.env.is_main:  # never leave a half-written .tmp-* behind (a full disk stays full otherwise)
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -211,9 +239,9 @@ class CheckpointManager:
             raise
         return final
 
-    def _write(self, step: int, tmp: Path, final: Path, model, optimizer, trainer_state: dict, reference) -> None:
+    def _write(self, step: int, tmp: Path, final: Path, model, optimizer, trainer_state: dict, reference,
+               companions) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         if self.env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -221,10 +249,7 @@ class CheckpointManager:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.env.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
-        state = {"model": model_sd, "optim": optim_sd}
-        if reference is not None:
-            state["reference"] = get_model_state_dict(reference)
+        state = _train_state(model, optimizer, reference, companions)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": yes, it is
             warnings.filterwarnings("ignore", message=".*single process.*")
             dcp.save(state, checkpoint_id=str(tmp / "dcp"))
@@ -254,20 +279,16 @@ class CheckpointManager:
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path}/trainer_state.json: unreadable: {e}") from e
 
-    def load(self, path: Path, model, optimizer, reference=None) -> dict[str, Any]:
+    def load(self, path: Path, model, optimizer, reference=None, companions=None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                             set_state_dict)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         path = Path(path)
         if not (path / COMPLETE).exists():
             raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE} marker); refusing to load it")
         trainer_state = self.read_state(path)
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options())
-        state = {"model": model_sd, "optim": optim_sd}
-        if reference is not None:
-            state["reference"] = get_model_state_dict(reference)
+        state = _train_state(model, optimizer, reference, companions)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*single process.*")
@@ -276,8 +297,10 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: cannot load into this model/optimizer ({_root_cause(e)}); "
                                   f"was it written by a different recipe?") from e
         _check_finite(path, state)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=_state_options())
+        _set_trainable_state(path, model, optimizer, state["model"], state["optim"])
+        for name, (module, optim) in (companions or {}).items():
+            part = state[f"companion.{name}"]
+            _set_trainable_state(path, module, optim, part["model"], part["optim"])
         if reference is not None:
             set_model_state_dict(reference, state["reference"])
         rng_file = path / f"rng-rank{self.env.rank}.pt"

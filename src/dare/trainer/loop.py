@@ -29,6 +29,7 @@ from ..config.core import to_dict
 from ..models.lora import apply_lora
 from . import stages
 from .checkpoint import CheckpointError, CheckpointManager
+from .companions import Companions
 from .data import PreferenceSource, SFTSource, load_preference_pairs, load_sft_docs
 from .distributed import DistEnv, set_grad_sync, shard_model
 from .logs import MetricsLogger
@@ -112,6 +113,8 @@ class Trainer:
         if self.env.distributed and not recipe.distributed.fsdp:
             raise ValueError("distributed.fsdp: false with several processes is not supported (use FSDP2 or nproc: 1)")
         mp = recipe.train.mixed_precision
+        # Models the algorithm trains alongside the policy (TraceRL's value model): copies of the unsharded policy.
+        self.companions = Companions(self.algo, model, recipe, self.env, self.fsdp, recipe.train.steps * self.algo.inner_iterations)
         if self.fsdp:
             shard_model(model, self.env, mp)
             if isinstance(self.reference, CopyReference):
@@ -175,8 +178,12 @@ class Trainer:
             if self.env.is_main:
                 self.logger.truncate_after(0)
             return
-        state = self.ckpt.load(path, self.model, self.optimizer, self._ref_module())
+        state = self.ckpt.load(path, self.model, self.optimizer, self._ref_module(), self.companions.checkpoint_items())
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.companions:
+            self.companions.load_scheduler_states(state.get("companion_schedulers", {}))
+        if self.algo.curates_prompts:
+            self.source.load_state_dict(state.get("prompt_pool", {}))
         self.start_step, self.bad_steps = int(state["step"]), int(state.get("bad_steps", 0))
         self.logger.truncate_after(self.start_step)
         log.info("resumed from %s at step %d", path, self.start_step)
@@ -187,16 +194,39 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
+        services = {"tokenizer": self.tokenizer, **(self.rollout.services() if self.rollout is not None else {})}
         return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.rank,
                            world_size=self.env.world_size, chunk_size=self.recipe.train.chunk_size,
-                           want_entropy=self.algo.uses_rollout, services={"tokenizer": self.tokenizer})
+                           want_entropy=self.algo.uses_rollout, services=services,
+                           companions=self.companions.modules())
+
+    def curate_prompts(self, ctx: StepContext) -> dict:
+        """Ask the algorithm which training prompts to use (MDPO's ICFW); every rank tests a share of them."""
+        from .distributed import gathered_for_inference
+        source = self.source
+        share = list(range(self.env.rank, len(source.prompted), self.env.world_size))
+        with self._autocast(), gathered_for_inference(self.model):  # decoding: no collectives inside
+            kept = self.algo.select_prompts(ctx, self.model, [source.prompted[i] for i in share], share)
+        chosen = torch.zeros(len(source.prompted), device=self.env.device)
+        chosen[[share[i] for i in kept]] = 1.0
+        if self.env.distributed:
+            import torch.distributed as dist
+            dist.all_reduce(chosen)
+        pool = chosen.nonzero().flatten().tolist()
+        if not pool:
+            log.warning("step %d: the algorithm selected no training prompt; training on all %d until the next "
+                        "selection", ctx.step + 1, len(source.prompted))
+        source.set_pool(pool, ctx.step)
+        return {"curated_prompts": float(len(pool))}
 
     def train_step(self, step: int) -> dict:
         t0 = time.perf_counter()
         micro = self.recipe.train.micro_batch_size
-        batch = self.source.batch(step).to(self.env.device)
         ctx = self.step_context(step)
         metrics: dict[str, float] = {}
+        if self.algo.curates_prompts and self.source.curation_due(step):
+            metrics.update(self.curate_prompts(ctx))
+        batch = self.source.batch(step).to(self.env.device)
         if self.rollout is not None:  # (1) rollout, (2) reward
             with self._autocast():
                 batch, rollout_metrics = self.algo.collect(self.rollout, ctx, batch, self.model)
@@ -209,12 +239,17 @@ class Trainer:
         ctx.norms = self.env.all_reduce_sums(self.algo.normalizers(batch))
         sums: dict[str, float] = defaultdict(float)
         n_it = self.algo.inner_iterations
+
+        def grad_sync(flag: bool) -> None:  # FSDP: reduce gradients on the last micro-batch only
+            set_grad_sync(self.model, flag)
+            self.companions.set_grad_sync(flag)
+
         for it in range(n_it):  # (5)
-            grad_sync = (lambda flag: set_grad_sync(self.model, flag)) if self.fsdp else None
             with self._autocast():
-                m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size), grad_sync)
+                m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size),
+                                  grad_sync if self.fsdp else None)
             m = self.env.all_reduce_sums(m)
-            grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")))
+            grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")), m)
             m["grad_norm"] = grad_norm
             for k, v in m.items():
                 sums[k] += v / n_it
@@ -229,14 +264,18 @@ class Trainer:
             self.reference.sync(self.model, alpha)
         return metrics
 
-    def _optimizer_step(self, step: int, loss: float) -> tuple[float, bool]:
+    def _optimizer_step(self, step: int, loss: float, metrics: dict) -> tuple[float, bool]:
         grad_norm = grad_norm_and_clip(self.model.parameters(), self.recipe.optim.grad_clip)
-        if math.isfinite(loss) and math.isfinite(grad_norm):
+        companion_norms = self.companions.clip(self.recipe.optim.grad_clip)
+        metrics.update({f"{name}_grad_norm": v for name, v in companion_norms.items()})
+        if math.isfinite(loss) and math.isfinite(grad_norm) and all(math.isfinite(v) for v in companion_norms.values()):
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.companions.step()
             return grad_norm, True
         self.optimizer.zero_grad(set_to_none=True)
+        self.companions.zero_grad()
         self.bad_steps += 1
         limit = self.recipe.train.max_bad_steps
         log.warning("step %d: non-finite loss %s / grad norm %s; update skipped (%d of at most %d)",
@@ -255,14 +294,19 @@ class Trainer:
             if not bool(torch.isfinite(t).all()):
                 ok = False
                 break
-        return self.env.all_true(ok)
+        return self.env.all_true(ok and self.companions.params_finite())
 
     def save_checkpoint(self, steps_done: int) -> Path:
         if not self._params_finite():  # never persist a NaN state
             raise TrainingError(f"step {steps_done}: parameters are not finite; refusing to write a checkpoint")
         state = {"step": steps_done, "scheduler": self.scheduler.state_dict(), "bad_steps": self.bad_steps,
                  "recipe": to_dict(self.recipe), "fingerprint": fingerprint(self.recipe)}
-        path = self.ckpt.save(steps_done, self.model, self.optimizer, state, self._ref_module())
+        if self.companions:
+            state["companion_schedulers"] = self.companions.scheduler_states()
+        if self.algo.curates_prompts:
+            state["prompt_pool"] = self.source.state_dict()
+        path = self.ckpt.save(steps_done, self.model, self.optimizer, state, self._ref_module(),
+                              self.companions.checkpoint_items())
         if self.recipe.logging.plot:
             self.logger.plot()
         return path

@@ -6,31 +6,63 @@ keyed: prompt j of step s is sampled with seed ``hash(run seed, "rollout", s, j)
 per-completion generators from it), so a sample's random draws do not depend on the rank or batch it lands in
 (its float rounding does: docs/samplers.md), and a resumed run
 regenerates exactly the rollouts it would have. Rewards come from ``dare.rewards.score_batch`` on the decoded
-completions (each example's task default unless ``reward.name`` is set).
+completions (each example's task default unless ``reward.name`` / ``reward.terms`` is set); every sample's example
+carries ``"rollout"`` (its token and distinct-step counts, for DiRL's speed rewards).
 """
 from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 
 import torch
 
 from ..algorithms.base import Batch, StepContext
 from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
+from ..rewards.speed import rollout_info
 from .data import EpochSampler
 
 log = logging.getLogger(__name__)
 
 
 class PromptSource:
-    """Per-step prompts of this rank (a ``Batch`` of prompt token lists and their examples)."""
+    """Per-step prompts of this rank (a ``Batch`` of prompt token lists and their examples).
+
+    An algorithm that curates its data (``Algorithm.curates_prompts``: MDPO's ICFW) restricts the prompts to a
+    *pool* (``set_pool``) chosen at step ``curated_at``; the pool is walked by its own seeded epoch sampler and is
+    re-chosen after one pass over it (``curation_due``). The pool is part of the checkpoint (``state_dict``)."""
 
     def __init__(self, prompted: list, batch_size: int, seed: int, rank: int = 0, world: int = 1):
         if batch_size % world:
             raise ValueError(f"train.batch_size={batch_size} prompts must be divisible by distributed.nproc={world} "
                              f"(each rank generates whole groups)")
-        self.prompted, self.rank, self.world, self.batch_size = prompted, rank, world, batch_size
+        self.prompted, self.rank, self.world, self.batch_size, self.seed = prompted, rank, world, batch_size, seed
         self.sampler = EpochSampler(len(prompted), batch_size, seed)
+        self.pool: Optional[list[int]] = None  # None: every prompt
+        self.curated_at: Optional[int] = None
+        self._pool_sampler = None
+
+    # --- curated pools --------------------------------------------------------------------------------------
+    def curation_due(self, step: int) -> bool:
+        """Never curated yet, or one pass over the current pool (the whole data when the last pool was empty) done."""
+        if self.curated_at is None:
+            return True
+        size = len(self.pool) if self.pool is not None else len(self.prompted)
+        return step >= self.curated_at + -(-size // self.batch_size)
+
+    def set_pool(self, indices: Optional[list[int]], step: int) -> None:
+        """Train on ``indices`` of the prompts from ``step`` on (None or empty: every prompt)."""
+        self.pool = sorted(int(i) for i in indices) if indices else None
+        self.curated_at = int(step)
+        self._pool_sampler = (EpochSampler(len(self.pool), self.batch_size, derive_seed(self.seed, "pool", step))
+                              if self.pool else None)
+
+    def state_dict(self) -> dict:
+        return {"pool": self.pool, "curated_at": self.curated_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("curated_at") is not None:
+            self.set_pool(state.get("pool"), state["curated_at"])
 
     @classmethod
     def from_recipe(cls, recipe, tokenizer, env, budget=None) -> "PromptSource":
@@ -45,7 +77,10 @@ class PromptSource:
         return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.rank, env.world_size)
 
     def batch(self, step: int) -> Batch:
-        idx = self.sampler.indices(step)
+        if self._pool_sampler is not None:
+            idx = [self.pool[i] for i in self._pool_sampler.indices(step - self.curated_at)]
+        else:
+            idx = self.sampler.indices(step)
         mine = list(range(self.rank, len(idx), self.world))  # positions in the step's global prompt list
         items = [self.prompted[idx[j]] for j in mine]
         return Batch(uid=torch.tensor(mine, dtype=torch.long), prompt_tokens=[p.input_ids for p in items],
@@ -102,19 +137,18 @@ class RolloutStage:
         if results and all(r.reason is not None and "error:" in r.reason for r in results):
             # A reward that cannot score any completion (e.g. reward.name=math on sudoku rows) would train on zeros.
             raise ValueError(f"reward {rc.spec!r} failed on all {len(results)} completions of this step, e.g. "
-                             f"{results[0].reason}; check reward.name / reward.weights against the data's task")
+                             f"{results[0].reason}; check reward.name / reward.terms against the data's task")
         return torch.tensor([r.score for r in results], dtype=torch.float32)
 
-    def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
-        """Reward of arbitrary completions of the batch's samples (e.g. MDPO's intermediate predictions)."""
+    def score_ids(self, completion_ids: torch.Tensor, examples: list[dict], stop_token_ids) -> torch.Tensor:
+        """Reward of completions given as token ids ``[N, G]`` (cut at their first stop token)."""
         from ..rollout import decode_completions
-        stops = torch.tensor(list(batch.meta["stop_token_ids"]), device=completion_ids.device)
+        stops = torch.tensor(list(stop_token_ids), device=completion_ids.device)
         stop = torch.isin(completion_ids, stops)
         G = completion_ids.shape[1]
         first = torch.where(stop.any(1), stop.float().argmax(1), torch.full((completion_ids.shape[0],), G, device=stop.device))
         mask = torch.arange(G, device=stop.device)[None] <= first[:, None]
-        texts = decode_completions(self.tokenizer, completion_ids.cpu(), mask.cpu(), batch.meta["stop_token_ids"])
-        examples = [batch["examples"][int(i)] for i in sample_index.tolist()]
+        texts = decode_completions(self.tokenizer, completion_ids.cpu(), mask.cpu(), stop_token_ids)
         return self.score(texts, examples).to(completion_ids.device)
 
     def prompt_seeds(self, ctx: StepContext, prompts: Batch) -> list[int]:
@@ -131,6 +165,15 @@ class RolloutStage:
         return {"reward_mean": mean, "reward_std": max(sums["reward_sq"] / max(sums["n"], 1.0) - mean ** 2, 0.0) ** 0.5,
                 "completion_len": sums["len_sum"] / max(sums["n"], 1.0), "rollout_time": rollout_time,
                 "reward_time": reward_time, "nfe": float(nfe)}
+
+    def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+        """Reward of arbitrary completions of the batch's samples (e.g. MDPO's intermediate predictions)."""
+        examples = [batch["examples"][int(i)] for i in sample_index.tolist()]
+        return self.score_ids(completion_ids, examples, batch.meta["stop_token_ids"])
+
+    def services(self) -> dict:
+        """What RL hooks may use (``ctx.services``): the recipe's sampler and reward scoring of token ids."""
+        return {"rollout_sampler": self.recipe.rollout.sampler, "score_ids": self.score_ids}
 
     def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[Batch, dict]:
         """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
@@ -149,7 +192,9 @@ class RolloutStage:
         ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
         t1 = time.perf_counter()
         prompt_of = ro.prompt_index.cpu()
-        examples = [prompts["examples"][int(i)] for i in prompt_of]
+        # Each sample's own copy of its example, with the rollout's numbers for rewards that read them (DiRL's speed).
+        info = rollout_info(ro.completion_mask, ro.step_map, sampler.block_length)
+        examples = [{**prompts["examples"][int(i)], "rollout": inf} for i, inf in zip(prompt_of, info)]
         texts = ro.texts(self.tokenizer)
         rewards = self.score(texts, examples)
         t2 = time.perf_counter()

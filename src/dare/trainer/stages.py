@@ -37,8 +37,8 @@ def score_iterations(algo: Algorithm, ctx: StepContext, model, batch: Batch, mic
 
 def prepare(algo: Algorithm, ctx: StepContext, batch: Batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
     """Stage (3): draw every inner iteration's corruption once, then score it with the pre-update policy and the
-    reference policy where the algorithm needs them. Results land in ``views``, ``old_logp``, ``ref_logp``
-    (and ``ref_views`` when the reference has its own noise)."""
+    reference policy where the algorithm needs them, and with the algorithm's companion models. Results land in
+    ``views``, ``old_logp``, ``ref_logp`` (and ``ref_views`` when the reference has its own noise)."""
     n_it = algo.inner_iterations
     batch["views"] = {it: algo.corrupt(ctx, batch, it) for it in range(n_it)}
     if algo.needs_old_logp:
@@ -54,6 +54,7 @@ def prepare(algo: Algorithm, ctx: StepContext, batch: Batch, policy, reference=N
             batch["ref_views"] = ref_views
         with reference.scoring() as ref_model:
             batch["ref_logp"] = score_iterations(algo, ctx, ref_model, batch, micro_batch_size, key)
+    algo.score_companions(ctx, batch, micro_batch_size)
 
 
 def update(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
