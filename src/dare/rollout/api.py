@@ -2,7 +2,8 @@
 
 ``generate(model, prompts, config, generator=None, n=1, seeds=None) -> Rollout`` decodes ``n`` samples of
 every prompt together. The sampler is chosen from the model's adapter (block-causal attention -> block
-diffusion, otherwise masked diffusion), never from a family name.
+diffusion, encoder-decoder -> the uniform-noise canvas sampler, otherwise masked diffusion), never from a family
+name.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from .block import build_block_state, run_block
+from .canvas import build_canvas_state, check_canvas_config, run_canvas
 from .config import SamplerConfig
 from .masked import build_masked_state, masked_steps, run_masked
 from .selection import REMASKINGS
@@ -80,9 +82,12 @@ def check_config(model, config: SamplerConfig) -> None:
     """Errors for settings the model cannot use (naming the parameter)."""
     adapter = model.adapter
     if config.cache not in adapter.cache_kinds:
-        kind = "block-causal" if adapter.is_block_causal else "bidirectional"
+        kind = adapter.attention.replace("_", "-")
         raise ValueError(f"cache={config.cache!r} cannot be used with {adapter.family} ({kind} attention); "
                          f"use one of {', '.join(adapter.cache_kinds)}")
+    if adapter.is_encoder_decoder:
+        check_canvas_config(config)
+        return
     remask = REMASKINGS[config.remasking]
     if config.eoser and not remask.prob_like:
         raise ValueError(f"eoser scales probability-like confidences; remasking={config.remasking!r} is not one")
@@ -99,8 +104,10 @@ def check_config(model, config: SamplerConfig) -> None:
         masked_steps(config)
 
 
-def _needs_random(config: SamplerConfig) -> bool:
-    return config.temperature > 0 or config.remasking in ("random", "origin") or bool(config.alg_temp)
+def _needs_random(config: SamplerConfig, adapter) -> bool:
+    # Uniform-noise canvases start from (and re-noise with) random tokens whatever the temperature.
+    return (config.temperature > 0 or config.remasking in ("random", "origin") or bool(config.alg_temp)
+            or adapter.noise == "uniform")
 
 
 @torch.no_grad()
@@ -128,11 +135,15 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
         raise ValueError(f"prompt(s) {bad} contain the mask token id {adapter.mask_token_id}")
     num_prompts = batch.ids.shape[0]
     batch, prompt_index = expand_prompts(batch, n)
-    gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config) else (None, None))
+    gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config, adapter)
+                          else (None, None))
     was_training = model.training
     model.eval()
     try:
-        if adapter.is_block_causal:
+        if adapter.is_encoder_decoder:
+            st = build_canvas_state(batch, config, stop_ids, gens, config.record_trajectory)
+            run_canvas(model, st, config)
+        elif adapter.is_block_causal:
             st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, config.record_trajectory)
             run_block(model, st, config)
         else:
