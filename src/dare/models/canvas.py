@@ -106,12 +106,12 @@ def completion_layout(prompt_mask: torch.Tensor, completion_len: int, canvas_len
     B, P = prompt_mask.shape
     dev = prompt_mask.device
     prompt_len = prompt_mask.long().sum(1)
-    enc_valid = torch.cat([prompt_mask.bool(), torch.ones(B, encoded_len, dtype=torch.bool, device=dev)], 1)
+    valid = torch.ones(B, completion_len, dtype=torch.bool, device=dev) if completion_valid is None else completion_valid.bool()
+    enc_valid = torch.cat([prompt_mask.bool(), valid[:, :encoded_len]], 1)
     enc_pos = positions_from_padding(enc_valid)
     k = torch.arange(completion_len, device=dev)
     dec_pos = prompt_len[:, None] + k[None]
     block_start = prompt_len[:, None] + (k // canvas_length * canvas_length)[None]
-    valid = torch.ones(B, completion_len, dtype=torch.bool, device=dev) if completion_valid is None else completion_valid.bool()
     zero = torch.zeros((), dtype=torch.long, device=dev)
     return CanvasLayout(enc_pos=enc_pos, enc_doc=torch.where(enc_valid, zero, zero - 1), dec_pos=dec_pos,
                         dec_doc=torch.where(valid, zero, zero - 1), dec_block_start=block_start)
