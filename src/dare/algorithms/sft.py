@@ -13,11 +13,12 @@ One algorithm covers every family through the adapter:
 * uniform-noise encoder-decoder models (``adapter.is_encoder_decoder``: DiffusionGemma, NeMo AutoModel's recipe): each
   answer token is replaced by a uniform random token with probability t; the encoder reads the clean rows, the canvas
   holds the (corrupted) answers, blocked by the canvas length from each answer's first token. The loss is the
-  cross-entropy over every answer position (``score_clean``; corrupted or not) plus ``encoder_loss_weight`` times the
+  cross-entropy over every answer position (``score_clean``: corrupted or not) plus ``encoder_loss_weight`` times the
   encoder's autoregressive cross-entropy over all next-token pairs of the documents (normalised by their count); a
   row is self-conditioned (a first pass without, a second fed its logits) with probability ``self_conditioning_p``.
-  NeMo's recipe is ``weighting: uniform, normalize: answer_tokens``; ``weighting: scheduler, score_clean: false`` is
-  the uniform-noise ELBO of docs/algorithms/uniform_noise.md.
+  NeMo's recipe is ``weighting: uniform, normalize: answer_tokens`` (every answer position scored); with the default
+  ``weighting: scheduler`` only corrupted positions are scored, weighted 1/t: the uniform-noise ELBO of
+  docs/algorithms/uniform_noise.md.
 
 ``normalize``: ``answer_length`` (LLaDA: each document's sum divided by its own answer length, then the mean over
 documents), ``answer_tokens`` (d1 SFT / SDAR: divided by all answer tokens of the step), ``masked_tokens``
@@ -31,7 +32,7 @@ padded, in any row, on any rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Optional
 
 import torch
 
@@ -52,7 +53,9 @@ class SFTConfig(AlgorithmConfig):
     cart_geo_p: float = 0.3
     normalize: Literal["answer_length", "answer_tokens", "masked_tokens"] = "answer_length"
     # Uniform-noise encoder-decoder models (DiffusionGemma) only:
-    score_clean: bool = True  # score the answer positions the corruption left clean too (NeMo's flat canvas CE)
+    # Also score the answer positions the corruption left clean (NeMo's flat canvas CE). None: yes unless the
+    # weighting is 1/t ("scheduler": the uniform-noise ELBO scores the corrupted positions only).
+    score_clean: Optional[bool] = None
     encoder_loss_weight: float = 1.0  # weight of the encoder's autoregressive cross-entropy
     self_conditioning_p: float = 0.5  # probability that a row is denoised twice, the second pass self-conditioned
 
@@ -105,7 +108,8 @@ class SFT(Algorithm):
                 if uniform:  # the doc's random tokens, from its own generator (the same packed or padded)
                     noisy[r:r + 1, s:e] = uniform_replace(noisy[r:r + 1, s:e], m[None], ctx.adapter.vocab_size,
                                                           [ctx.generator(iteration, uid, "uniform")])
-                    m = ans if cfg.score_clean else m  # scored positions
+                    score_clean = cfg.weighting != "scheduler" if cfg.score_clean is None else cfg.score_clean
+                    m = ans if score_clean else m  # scored positions
                 masked[r, s:e] = m
                 t_tok[r, s:e] = t
                 if cfg.weighting == "scheduler":

@@ -73,6 +73,8 @@ def arch_of(text: dict) -> ModelArch:
 
 
 class DiffusionGemmaLM(nn.Module):
+    lora_exclude = r"\.vision_tower\.|\.embed_vision\."  # text-only: the vision tower gets no adapters
+
     def __init__(self, hf_model, adapter: FamilyAdapter, hf_config: dict, family: str = "diffusion_gemma"):
         super().__init__()
         # The wrapper owns transformers' children directly (same state-dict keys as the published checkpoint);
@@ -150,26 +152,39 @@ class DiffusionGemmaLM(nn.Module):
         if not isinstance(layout, CanvasLayout):
             raise ValueError(f"{self.family} is an encoder-decoder model: its forward takes [clean context ; canvas] ids "
                              f"with a dare.models.canvas.CanvasLayout (layout=...); sampling goes through dare.rollout")
-        from transformers.cache_utils import DynamicCache
         Le = layout.enc_len
         sw = self.sliding_window
-        cache = DynamicCache()  # every layer keeps all keys: the decoder masks pick what each canvas block sees
-        enc = self.model.encoder(input_ids=input_ids[:, :Le], attention_mask=layout.encoder_masks(sw),
-                                 position_ids=layout.enc_pos, cache=cache)
-        canvas = input_ids[:, Le:]
-        dec_masks = layout.decoder_masks(sw)
+        enc_ids, canvas = input_ids[:, :Le], input_ids[:, Le:]
+        enc_masks, dec_masks = layout.encoder_masks(sw), layout.decoder_masks(sw)
         sc_logits = sc_mask = None
-        if layout.self_condition is not None and bool(layout.self_condition.any()):
-            with torch.no_grad():  # the first pass only provides the conditioning signal (Analog-Bits style)
+        if layout.self_condition is not None:
+            # The first pass only provides the conditioning signal (Analog-Bits style), so it runs without gradients,
+            # encoder included, before the differentiated passes: FSDP2 then sees plain no-grad forwards followed by
+            # one forward/backward (a no-grad pass between the encoder's and the decoder's differentiated uses of the
+            # same units crashes its backward). It runs whatever the per-row coins say, so every rank issues the same
+            # collectives.
+            with torch.no_grad():
+                cache = self._encode_all(enc_ids, enc_masks, layout.enc_pos)
                 first = self._decode(canvas, layout.dec_pos, cache, dec_masks, None, None)
                 sc_logits = self.logits_of(first).to(self.model.decoder.embed_tokens.weight.dtype)
             sc_mask = layout.self_condition.bool()
+        cache = self._encode_all(enc_ids, enc_masks, layout.enc_pos)
+        enc = cache.encoder_hidden
         dec = self._decode(canvas, layout.dec_pos, cache, dec_masks, sc_logits, sc_mask)
-        h = torch.cat([enc.last_hidden_state, dec], dim=1)
+        h = torch.cat([enc, dec], dim=1)
         logits = None
         if compute_logits:
             logits = self.logits_of(h[logits_rows] if logits_rows is not None else h)
         return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
+
+    def _encode_all(self, ids, masks, positions):
+        """The encoder over the whole clean context; every layer keeps all its keys (the decoder masks pick what each
+        canvas block sees). The final hidden states ride along as ``cache.encoder_hidden``."""
+        from transformers.cache_utils import DynamicCache
+        cache = DynamicCache()
+        cache.encoder_hidden = self.model.encoder(input_ids=ids, attention_mask=masks, position_ids=positions,
+                                                  cache=cache).last_hidden_state
+        return cache
 
     def _decode(self, canvas, positions, cache, masks, sc_logits, sc_mask) -> torch.Tensor:
         out = self.model.decoder(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc_logits,
