@@ -281,7 +281,7 @@ def test_dpo_inverse_t_estimator_expectation_equals_brute_force():
         with torch.no_grad():
             return float(algo.log_likelihood(ctx, model, batch, algo.corrupt(ctx, batch, 0)).value[0, 0])
 
-    mean, se = _mc_mean(value_of, 300)
+    mean, se = _mc_mean(value_of, 600)
     _assert_unbiased(mean, se, uniform_t_expectation(lambda t: corrupted_sum(model, PROMPT, y, 4, t) / t, 0.05, 1.0))
 
 
