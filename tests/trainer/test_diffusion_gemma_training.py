@@ -128,3 +128,26 @@ def test_fsdp2_two_processes_reproduce_one_process(tmp_path, extra):
     for x, y in zip(one, two):
         for key in ("loss", "grad_norm", "ar_loss"):
             assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x, y)
+
+
+def test_diffusion_gemma_recipes_are_valid():
+    """The 26B-A4B recipes (8 GPUs) and their tiny CPU counterparts parse into typed configs."""
+    from dare.config import from_dict, load_yaml
+    from dare.config.recipe import load_recipe
+    from dare.eval.config import EvalConfig
+    from tests.trainer.helpers import ROOT
+    folder = ROOT / "recipes/diffusion_gemma"
+    names = sorted(p.name for p in folder.glob("*.yaml"))
+    assert {"sft_26b.yaml", "lora_26b.yaml", "rl_26b.yaml", "eval_26b.yaml", "sft_tiny.yaml", "lora_tiny.yaml",
+            "rl_tiny.yaml", "eval_tiny.yaml"} <= set(names)
+    for name in names:
+        if name.startswith("eval"):
+            cfg = from_dict(EvalConfig, load_yaml(folder / name))
+            assert cfg.sampler.t_min is not None and cfg.models
+            continue
+        recipe = load_recipe(folder / name)
+        assert "diffusion_gemma" in recipe.model.path or "diffusiongemma" in recipe.model.path
+        if name.endswith("26b.yaml"):
+            assert recipe.distributed.nproc == 8
+        if name.startswith("lora") or name == "rl_26b.yaml":
+            assert recipe.lora.enabled
