@@ -152,3 +152,18 @@ def test_checkpoint_folders_and_block_size(tmp_path, tiny_tok, one_thread, caplo
     res = json.loads((out / "my-sdar" / "results.json").read_text())
     assert res["sampler"]["block_length"] == model.adapter.block_size == 4
     assert "block_length 8 -> the model's block size 4" in caplog.text
+
+
+def test_summary_best_of_k_and_pass_at_k():
+    """With k samples per example: mean over all samples, best-of-k mean over examples, pass@k = examples with a fully
+    correct sample; with one sample they equal mean_score and accuracy."""
+    from dare.eval.benchmarks import get_benchmark
+    from dare.eval.report import summarize
+
+    bench = get_benchmark("sudoku")
+    recs = [{"id": "a", "score": 0.5}, {"id": "a", "score": 1.0}, {"id": "b", "score": 0.25}, {"id": "b", "score": 0.0}]
+    s = summarize(bench, recs, n_examples=2)
+    assert s["k"] == 2 and s["mean_score"] == 0.4375
+    assert s["best_of_k_mean"] == 0.625 and s["pass_at_k"] == 0.5 and s["accuracy"] == 0.25
+    one = summarize(bench, recs[::2], n_examples=2)
+    assert one["k"] == 1 and one["best_of_k_mean"] == one["mean_score"] and one["pass_at_k"] == one["accuracy"]

@@ -288,6 +288,9 @@ class Algorithm:
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
     # Why the method is undefined for a kind it does not support (shown by ``dare algorithms --matrix`` and errors).
     undefined: ClassVar[dict[str, str]] = {}
+    # RL methods: the authors' optimizer / rollout / per-task settings (``dare.algorithms.paper``), used by
+    # ``dare compare`` to give each method its own paper's relative settings. None for methods without rollouts.
+    paper: ClassVar[Optional["PaperSettings"]] = None
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

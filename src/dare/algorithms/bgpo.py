@@ -29,8 +29,9 @@ from typing import ClassVar, Optional
 import torch
 
 from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .espo import elbo_view, random_subset, sequence_loglik, stratified_counts, view_sequence_logp
+from .espo import elbo_view, sequence_loglik, stratified_masks, view_sequence_logp
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clip_ratio_loss, kl_penalty
+from .paper import PaperSettings
 
 EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch inf * 0 would be NaN in backward)
 
@@ -66,6 +67,9 @@ def bgpo_bound(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
 class BGPO(GRPOAlgorithm):
     """Per-MC-sample length-normalised ELBO; linear (A >= 0) / Jensen (A < 0) lower bound of the ELBO ratio."""
     name = "bgpo"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=1.0, temperature=1.0,
+        source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = BGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
@@ -76,18 +80,8 @@ class BGPO(GRPOAlgorithm):
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
         n = self.config.num_mc
-        valid = batch["completion_mask"].bool().cpu()
-        B, Lc = valid.shape
-        masked = torch.zeros(n, B, Lc, dtype=torch.bool)
-        counts = torch.zeros(n, B, dtype=torch.long)
-        for i, uid in enumerate(batch["uid"].tolist()):
-            g = ctx.generator(iteration, uid, 0)
-            pos = torch.nonzero(valid[i]).flatten()
-            counts[:, i] = stratified_counts(g, pos.numel(), n, low=1)
-            for j in range(n):
-                masked[j, i, random_subset(pos, int(counts[j, i]), g)] = True
-        dev = batch["completion_ids"].device
-        masked, counts = masked.to(dev), counts.to(dev)
+        masked, counts = stratified_masks(ctx, batch, iteration, n, low=1)
+        B, Lc = masked.shape[1:]
         # (1/L) * 1/(x/L) = 1/x: the length-normalised ELBO term is the mean log-prob of the masked tokens.
         return [elbo_view(ctx, batch, masked[j], (1.0 / counts[j].clamp_min(1).float())[:, None].expand(B, Lc), j,
                           {"count": counts[j], "noise_key": (iteration, j)}) for j in range(n)]

@@ -33,6 +33,7 @@ import torch
 from .base import Batch, StepContext, register_algorithm
 from .grpo import AdvantageMode
 from .tracerl import ReplayAlgorithm, ReplayConfig
+from .paper import PaperSettings
 
 
 @dataclass
@@ -55,6 +56,12 @@ def transition_key(j: int) -> str:
 class CJGRPO(ReplayAlgorithm):
     """Consistency trajectory: logp of each step's newly decoded tokens given the sampler's state before it."""
     name = "cj_grpo"
+    paper = PaperSettings(
+        lr=3e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
+        sampler={"schedule": "ass", "eoser": True},
+        source="yjyddq/EOSER-ASS-RL cj-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, temperature, use_peft, lora_r, "
+               "lora_alpha); cj-grpo/slurm_scripts/sudoku_run.sh (NUM_ITER=8, --decoding eoser-ass)",
+        per_task={"sudoku": {"algorithm": {"inner_iterations": 8}}})
     config_class = CJGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

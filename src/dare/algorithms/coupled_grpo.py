@@ -35,6 +35,7 @@ import torch
 from .base import Batch, StepContext, View, register_algorithm
 from .d1 import completion_view
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
+from .paper import PaperSettings
 
 
 @dataclass
@@ -82,6 +83,9 @@ def coupled_masks(ctx: StepContext, batch: Batch, iteration: int, t_min: float, 
 class CoupledGRPO(GRPOAlgorithm):
     """Complementary-mask pair (t, 1-t) + all-masked view: every token scored once with its 1/t ELBO weight."""
     name = "coupled_grpo"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=0.2, temperature=1.0,
+        source="apple/ml-diffucoder recipes/config_coupled_code.yaml (learning_rate, max_grad_norm, generation_temperature; num_iterations 2 and beta 0.01 are the config defaults); no Sudoku script")
     config_class = CoupledGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

@@ -30,6 +30,7 @@ import torch
 from .base import Batch, StepContext, View, register_algorithm
 from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
 from .views import prompt_completion_view
+from .paper import PaperSettings
 
 
 @dataclass
@@ -89,6 +90,10 @@ def completion_view(ctx: StepContext, batch: Batch, completion_input: torch.Tens
 class D1(GRPOAlgorithm):
     """One-step mean-field estimate: the whole completion masked (prompt masked with p), logp per token, no 1/t."""
     name = "d1"
+    paper = PaperSettings(
+        lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        source="dllm-reasoning/d1 diffu-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft), diffu_grpo_config.py (temperature 0.9); sudoku_base.sbatch (NUM_ITER=8, --temperature 0.3)",
+        per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 8}}})
     config_class = D1Config
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

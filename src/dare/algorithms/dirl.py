@@ -26,6 +26,7 @@ from typing import ClassVar, Literal, Optional
 from .base import Batch, StepContext, register_algorithm
 from .grpo import AdvantageMode
 from .tracerl import ReplayAlgorithm, ReplayConfig
+from .paper import PaperSettings
 
 
 @dataclass
@@ -45,6 +46,9 @@ class DiRLConfig(ReplayConfig):
 class DiRL(ReplayAlgorithm):
     """TraceRL's block rounds in one [x_t ; x_0] forward each; clip-higher, KL3 to the reference, DAPO filter."""
     name = "dirl"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=1.0, temperature=1.0,
+        source="OpenMOSS/DiRL configs/rl.yaml (learning_rate, max_grad_norm, temperature); no Sudoku script")
     config_class = DiRLConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal",)
 

@@ -29,6 +29,7 @@ import torch
 from .base import Batch, StepContext, View, register_algorithm
 from .espo import SequenceRatioAlgorithm, elbo_view, random_subset
 from .grpo import AdvantageMode, GRPOConfig
+from .paper import PaperSettings
 
 
 @dataclass
@@ -87,6 +88,9 @@ def ebpo_masks(ctx: StepContext, batch: Batch, iteration: int, n: int):
 class EBPO(SequenceRatioAlgorithm):
     """Composite block ELBO: every block noised at each stratified level t_n, one [x_t ; x_0] forward per level."""
     name = "ebpo"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=1.0, temperature=1.0,
+        source="no published training code (LLaDA2.1; dFactory ships SFT only): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = EBPOConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal", "encoder_decoder")
 

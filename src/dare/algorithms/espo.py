@@ -35,6 +35,7 @@ import torch
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty
+from .paper import PaperSettings
 from .views import layout_kwargs, prompt_completion_view
 
 
@@ -63,6 +64,24 @@ def stratified_counts(gen: torch.Generator, length: int, n: int, low: int) -> to
 def random_subset(positions: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
     """``count`` of ``positions`` chosen uniformly without replacement."""
     return positions[torch.randperm(positions.numel(), generator=gen)[:count]]
+
+
+def stratified_masks(ctx: StepContext, batch: Batch, iteration: int, n: int, low: int):
+    """(masked ``[n, B, Lc]`` bool, counts ``[n, B]`` long): MC sample j of row i masks ``counts[j, i]`` random valid
+    completion positions, the counts stratified over the n samples (``stratified_counts``; ESPO ``low=0``, BGPO
+    ``low=1``), all drawn from ``ctx.generator(iteration, uid, 0)``."""
+    valid = batch["completion_mask"].bool().cpu()
+    B, Lc = valid.shape
+    masked = torch.zeros(n, B, Lc, dtype=torch.bool)
+    counts = torch.zeros(n, B, dtype=torch.long)
+    for i, uid in enumerate(batch["uid"].tolist()):
+        g = ctx.generator(iteration, uid, 0)
+        pos = torch.nonzero(valid[i]).flatten()
+        counts[:, i] = stratified_counts(g, pos.numel(), n, low=low)
+        for j in range(n):
+            masked[j, i, random_subset(pos, int(counts[j, i]), g)] = True
+    dev = batch["completion_ids"].device
+    return masked.to(dev), counts.to(dev)
 
 
 def elbo_view(ctx: StepContext, batch: Batch, masked: torch.Tensor, weight: torch.Tensor, slot: int,
@@ -186,6 +205,10 @@ class ESPOConfig(GRPOConfig):
 class ESPO(SequenceRatioAlgorithm):
     """Sequence ELBO (block NELBO on block models), stratified counts + complement pass; sequence-level ratio exp(dB/L)."""
     name = "espo"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
+        source="ML-GSAI/ESPO recipes/train.yaml (lr, max_grad_norm, generation_temperature); recipes/run_sudoku_llada.sh (--learning_rate 3e-6, NUM_ITER=8, --beta 1e-2, --max_grad_norm 0.2, --use_peft true)",
+        per_task={"sudoku": {"lr": 3e-6, "algorithm": {"inner_iterations": 8, "beta": 1e-2}}})
     config_class = ESPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
@@ -196,19 +219,10 @@ class ESPO(SequenceRatioAlgorithm):
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
         cfg = self.config
-        valid = batch["completion_mask"].bool().cpu()
-        B, Lc = valid.shape
         n = cfg.num_mc
-        main = torch.zeros(n, B, Lc, dtype=torch.bool)
-        counts = torch.zeros(n, B, dtype=torch.long)
-        for i, uid in enumerate(batch["uid"].tolist()):
-            g = ctx.generator(iteration, uid, 0)
-            pos = torch.nonzero(valid[i]).flatten()
-            counts[:, i] = stratified_counts(g, pos.numel(), n, low=0)
-            for j in range(n):
-                main[j, i, random_subset(pos, int(counts[j, i]), g)] = True
-        dev = batch["completion_ids"].device
-        main, counts, valid = main.to(dev), counts.to(dev), valid.to(dev)
+        main, counts = stratified_masks(ctx, batch, iteration, n, low=0)
+        valid = batch["completion_mask"].bool().to(main.device)
+        B, Lc = valid.shape
         lengths = valid.sum(-1)
         half = 0.5 if cfg.antithetic else 1.0
         views = []

@@ -44,6 +44,7 @@ from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .d1 import completion_view
 from .ebpo import completion_blocks
 from .grpo import GRPOAlgorithm, GRPOConfig
+from .paper import PaperSettings
 
 ForwardType = Literal["all", "random", "block_all", "block_random"]
 
@@ -168,6 +169,10 @@ def spg_bounds(logp: torch.Tensor, scored: torch.Tensor, valid: torch.Tensor, eu
 class SPG(GRPOAlgorithm):
     """Block-random masks; ELBO (mean masked-token logp) for A > 0, EUBO / mix upper bound for A <= 0; no ratio."""
     name = "spg"
+    paper = PaperSettings(
+        lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        source="facebookresearch/SPG spg/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft); spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch (NUM_ITER=4, --temperature 0.3, --eubo_beta 1.0)",
+        per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 4, "eubo_beta": 1.0}}})
     config_class = SPGConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

@@ -38,6 +38,7 @@ import torch
 
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty, rl_view
+from .paper import PaperSettings
 
 INF_STEP = 2 ** 62  # group index of never-written tokens: masked in every replayed state
 
@@ -333,6 +334,11 @@ class TraceRLConfig(ReplayConfig):
 class TraceRL(ReplayAlgorithm):
     """Trajectory replay of the rollout's step map (shrink-grouped steps / block rounds), no 1/t; KL to the rollout."""
     name = "tracerl"
+    paper = PaperSettings(
+        lr=1e-6, grad_clip=1.0, temperature=1.0,
+        per_attention={"bidirectional": {"algorithm": {"shrink": 8}}, "block_causal": {"algorithm": {"shrink": 1}}},
+        source="Gen-Verse/dLLM-RL configs/rl_sdar.yaml (learning_rate, max_grad_norm, temperature, shrink 1); "
+               "configs/rl_llada.yaml (shrink 8); no Sudoku script")
     config_class = TraceRLConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

@@ -23,6 +23,7 @@ import torch
 
 from .base import Batch, LogLik, StepContext, register_algorithm
 from .d1 import D1, D1Config
+from .paper import PaperSettings
 
 
 @dataclass
@@ -52,6 +53,10 @@ def group_softmax(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
 class WD1(D1):
     """d1's one-step estimate summed per sequence; ratio-free group-softmax weights w+ = softmax(A), w- = softmax(-A)."""
     name = "wd1"
+    paper = PaperSettings(
+        lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        source="xiaohangt/wd1 wd1/train.yaml (lr, max_grad_norm, use_peft; temperature: d1's config default 0.9); run/wll_NP_sudoku.sh (NUM_ITER=8)",
+        per_task={"sudoku": {"algorithm": {"inner_iterations": 8}}})
     config_class = WD1Config
 
     @property

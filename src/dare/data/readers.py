@@ -111,8 +111,21 @@ def _csv(path: Path) -> Iterator[Record]:
 _READERS = {"parquet": _parquet, "jsonl": _jsonl, "json": _json, "csv": _csv}
 
 
+BUNDLED_PREFIX = "bundled:"
+
+
+def resolve_data_path(path) -> Path:
+    """A data file path; ``bundled:<rel>`` names a file shipped in ``dare/assets/data`` (works from any directory and
+    in a pip-installed dare, e.g. ``bundled:quickstart/sudoku_lazy_train.jsonl``)."""
+    text = str(path)
+    if text.startswith(BUNDLED_PREFIX):
+        from .registry import ASSETS
+        return ASSETS / text[len(BUNDLED_PREFIX):]
+    return Path(text).expanduser()
+
+
 def read_records(path) -> Iterator[Record]:
-    path = Path(path).expanduser()
+    path = resolve_data_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     return _READERS[file_type(path)](path)

@@ -14,9 +14,17 @@ def summarize(benchmark, records: list[dict], n_examples: int, run_seconds: floa
     accuracy = sum(s >= 1.0 - 1e-9 for s in scores) / n if n else 0.0
     mean = sum(scores) / n if n else 0.0
     headline = accuracy if benchmark.metric == "accuracy" else mean
+    # Per example over its k samples (k = n_samples of the run): the best score, and whether any sample is fully
+    # correct (pass@k). With one sample per example they equal mean_score and accuracy.
+    best: dict = {}
+    for r in records:
+        best[r["id"]] = max(best.get(r["id"], 0.0), float(r["score"]))
     return {
         "benchmark": benchmark.name, "metric": benchmark.metric, "score": round(100.0 * headline, 2),
         "accuracy": accuracy, "mean_score": mean, "n_examples": n_examples, "n_samples": n,
+        "best_of_k_mean": sum(best.values()) / len(best) if best else 0.0,
+        "pass_at_k": sum(b >= 1.0 - 1e-9 for b in best.values()) / len(best) if best else 0.0,
+        "k": round(n / len(best)) if best else 0,
         "errors": sum(1 for r in records if r.get("reason")),
         "mean_completion_tokens": (sum(r.get("completion_tokens", 0) for r in records) / n) if n else 0.0,
         # Generation throughput of this invocation only (resumed samples were timed by an earlier run).

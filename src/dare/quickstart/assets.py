@@ -28,6 +28,7 @@ class ShippedCheckpoint:
     name: str  # folder name, e.g. sudoku-llada-sft
     path: Path
     family: str  # model family (dare.models), e.g. llada, sdar
+    task: str  # the embedded task its SFT data teaches (e.g. lazy_sudoku, sudoku); `dare compare --task`
     attention: str  # bidirectional | block_causal (what algorithms' ``supports`` lists)
     sft_recipe: str  # recipe file name in RECIPE_DIR that reproduces this checkpoint
     sft_overrides: tuple[str, ...]  # the dotted overrides it was trained with (on top of the recipe)
@@ -35,6 +36,9 @@ class ShippedCheckpoint:
     # blocks of 4, its training block size), so every family runs the same settings otherwise
     recipe_overrides: tuple[str, ...]
     info: dict  # the rest of the manifest (baseline numbers, training time, ...)
+    # dotted overrides of the quickstart's RL recipe only (not of the comparison), e.g. the plain-Sudoku checkpoints
+    # keep the KL weight their documented runs used
+    rl_overrides: tuple[str, ...] = ()
 
     @property
     def sft_metrics(self) -> Path:
@@ -56,13 +60,14 @@ def _load(folder: Path) -> ShippedCheckpoint:
         data = json.loads(manifest.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{manifest}: unreadable quickstart manifest ({e})") from e
-    missing = [k for k in ("family", "attention", "sft_recipe") if k not in data]
+    missing = [k for k in ("family", "task", "attention", "sft_recipe") if k not in data]
     if missing:
         raise ValueError(f"{manifest}: missing key(s) {missing}")
-    own = ("family", "attention", "sft_recipe", "sft_overrides", "recipe_overrides")
+    own = ("family", "task", "attention", "sft_recipe", "sft_overrides", "recipe_overrides", "rl_overrides")
     info = {k: v for k, v in data.items() if k not in own}
-    return ShippedCheckpoint(folder.name, folder, data["family"], data["attention"], data["sft_recipe"],
-                             tuple(data.get("sft_overrides", [])), tuple(data.get("recipe_overrides", [])), info)
+    return ShippedCheckpoint(folder.name, folder, data["family"], data["task"], data["attention"], data["sft_recipe"],
+                             tuple(data.get("sft_overrides", [])), tuple(data.get("recipe_overrides", [])), info,
+                             tuple(data.get("rl_overrides", [])))
 
 
 def shipped_checkpoints(root: Optional[Path] = None) -> dict[str, ShippedCheckpoint]:
@@ -82,8 +87,8 @@ def get_checkpoint(name: str, root: Optional[Path] = None) -> ShippedCheckpoint:
     return found[name]
 
 
-def checkpoint_for_family(family: str, root: Optional[Path] = None) -> ShippedCheckpoint:
+def checkpoint_for_family(family: str, task: str, root: Optional[Path] = None) -> ShippedCheckpoint:
     for ck in shipped_checkpoints(root).values():
-        if ck.family == family:
+        if ck.family == family and ck.task == task:
             return ck
-    raise ValueError(f"no shipped quickstart checkpoint of family {family!r}")
+    raise ValueError(f"no shipped quickstart checkpoint of family {family!r} for task {task!r}")

@@ -1,16 +1,27 @@
 """``dare compare``: every registered RL algorithm on the embedded CPU task, side by side (a mini Table 5).
 
-For each shipped SFT checkpoint (one per family: a tiny LLaDA and a tiny SDAR, both SFT'd on 4x4 Sudoku) the
-comparison evaluates the SFT baseline once, then runs every registered RL algorithm whose ``supports`` lists the
-checkpoint's attention kind, for ``seeds`` seeds, with the same recipe (the checkpoint's ``compare_recipe``, default
-``compare.yaml``, plus its manifest's ``recipe_overrides``, e.g. SDAR's decoding block length: same prompts, rollout sampler, group size, reward, optimizer, steps and held-out evaluation); only
-``algorithm.name`` changes, so every method runs with its own (paper) defaults. Algorithms come from the registry
-(``dare.algorithms.ALGORITHMS``, ``uses_rollout``), never from a list of names, so a newly registered method is
-picked up by rerunning the command; finished runs are reused (``summary.json`` per run), only new ones run.
+For each shipped SFT checkpoint of the chosen task (one per family: a tiny LLaDA and a tiny SDAR) the comparison
+evaluates the SFT baseline once, then runs every registered RL algorithm whose ``supports`` lists the checkpoint's
+attention kind, for ``seeds`` seeds, from one recipe (the checkpoint's ``compare_recipe`` plus its manifest's
+``recipe_overrides``: same prompts, rollout sampler, group size, reward and held-out evaluation).
+
+The comparison is **budget-matched** and uses **each method's own paper settings** (``Algorithm.paper``, see
+``dare.algorithms.paper``):
+
+* every method makes the same number of optimizer updates (``--updates``, default the recipe's ``train.steps``) and
+  sees the same number of rollouts: a method with ``mu`` inner iterations runs ``updates / mu`` steps of
+  ``mu x train.batch_size`` prompts (warm-up counts updates, so it is matched too);
+* its learning rate is the recipe's ``optim.lr`` times ``paper.lr / anchor.paper.lr`` (the anchor is the recipe's
+  ``algorithm.name``, the default method), its gradient-norm clip and rollout temperature are its paper's, and so
+  are the per-task values of its authors' scripts for the recipe's task (mu, KL, ...).
+
+``--shared-settings`` turns the second part off (one lr / clip / temperature for all, each method's config defaults).
+Algorithms come from the registry (``dare.algorithms.ALGORITHMS``, ``uses_rollout``), never from a list of names;
+finished runs are reused (``summary.json`` per run), only new ones run.
 
 Outputs (``--output-dir``): one folder per (family, algorithm, seed) with the run and its held-out eval,
-``comparison.md`` / ``comparison.json`` (baseline and each algorithm: mean and spread over seeds) and
-``comparison.png`` (all reward curves).
+``comparison.md`` / ``comparison.json`` (baseline and each algorithm: settings, mean and spread over seeds, whether
+it learns) and ``comparison.png`` (reward curves over optimizer updates, mean and band over seeds).
 """
 from __future__ import annotations
 
@@ -36,16 +47,18 @@ DEFAULT_SUPPORTS = ("bidirectional",)
 @dataclass
 class CompareOptions:
     algorithms: Optional[list[str]] = None  # default: every registered RL algorithm
-    families: Optional[list[str]] = None  # default: every shipped checkpoint
+    families: Optional[list[str]] = None  # default: every shipped checkpoint of the task
+    task: Optional[str] = None  # shipped checkpoints' task (manifest "task"); default: the default quickstart's
     seeds: int = 3
-    steps: Optional[int] = None  # default: the compare recipe's train.steps
+    updates: Optional[int] = None  # optimizer updates per run (default: the compare recipe's train.steps)
+    paper_settings: bool = True  # each method's own paper lr scale / grad clip / temperature / task values
     eval_limit: Optional[int] = None  # default: the recipe's eval.limit
     output_dir: str = "runs/compare"
     overrides: list[str] = field(default_factory=list)  # "key=value" for every run, "algo:key=value" for one method
     resume: bool = True  # reuse finished runs (their summary.json)
     report_only: bool = False  # only tabulate finished runs (e.g. while others still run); start none
     docs_dir: Optional[str] = None  # also copy comparison.md/.png there (e.g. docs/)
-    threads: Optional[int] = None
+    threads: Optional[int] = 1  # torch intra-op threads (None: PyTorch's choice)
     progress: bool = True
 
 
@@ -82,17 +95,62 @@ def plan(opts: CompareOptions) -> list[tuple]:
     unknown = [a for a in wanted if a not in algos]
     if unknown:
         raise ValueError(f"not registered RL algorithm(s) {unknown}; registered: {', '.join(algos)}")
-    cks = shipped_checkpoints()
+    task = opts.task or default_task()
+    cks = {n: c for n, c in shipped_checkpoints().items() if c.task == task}
+    if not cks:
+        tasks = sorted({c.task for c in shipped_checkpoints().values()})
+        raise ValueError(f"no shipped checkpoint of task {task!r}; tasks: {', '.join(tasks)}")
     fams = opts.families or [c.family for c in cks.values()]
     by_family = {c.family: c for c in cks.values()}
     bad = [f for f in fams if f not in by_family]
     if bad:
-        raise ValueError(f"no shipped checkpoint for famil(y/ies) {bad}; shipped: {', '.join(by_family)}")
+        raise ValueError(f"no shipped {task} checkpoint for famil(y/ies) {bad}; shipped: {', '.join(by_family)}")
     out = []
     for fam in fams:
         ck = by_family[fam]
         out.append((ck, [a for a in wanted if ck.attention in supports(algos[a])]))
     return out
+
+
+def method_settings(rpath, base_ov: list[str], name: str, anchor: str, opts: CompareOptions,
+                    user_ov: list[str], attention: Optional[str] = None) -> tuple[list[str], dict]:
+    """The overrides that make ``name``'s run budget-matched (and, with ``opts.paper_settings``, give it its paper's
+    relative settings), and a summary of its settings for the table.
+
+    ``base_ov`` are the checkpoint's overrides, ``attention`` its model's attention kind; ``user_ov`` the user's
+    ``--set name:...`` (applied last, so they win over the paper's values; the budget is computed after them).
+    """
+    from ..algorithms import build_algorithm, get_algorithm
+    from ..algorithms.paper import paper_overrides
+    from ..data.registry import DATASETS
+
+    base = load_stage_recipe(rpath, base_ov)
+    updates = opts.updates or base.train.steps
+    ov = []
+    if opts.paper_settings:
+        ds = base.data.dataset
+        task = DATASETS[ds.name].task if ds is not None and ds.name in DATASETS else None
+        ov += paper_overrides(get_algorithm(name), get_algorithm(anchor), base.optim.lr, task, attention)
+    ov += list(user_ov) + [f"algorithm.name={name}"]
+    recipe = load_stage_recipe(rpath, base_ov + ov)
+    mu = build_algorithm(recipe.algorithm).inner_iterations
+    if updates % mu:
+        raise ValueError(f"{name}: {updates} optimizer updates are not a multiple of its mu = {mu} (inner iterations); "
+                         f"choose --updates as a multiple of every method's mu")
+    steps, prompts = updates // mu, base.train.batch_size * mu
+    ov += [f"train.steps={steps}", f"train.batch_size={prompts}"]
+    info = {"mu": mu, "steps": steps, "prompts_per_step": prompts, "updates": updates, "lr": recipe.optim.lr,
+            "grad_clip": recipe.optim.grad_clip, "temperature": recipe.rollout.sampler.temperature,
+            "rollouts": steps * prompts * recipe.rollout.group_size, "paper_settings": opts.paper_settings,
+            "lora": recipe.lora.r if recipe.lora.enabled else None}
+    return ov, info
+
+
+def default_task() -> str:
+    """The task of the default quickstart checkpoint."""
+    from .pipeline import DEFAULT_CHECKPOINT
+    from .assets import get_checkpoint
+    return get_checkpoint(DEFAULT_CHECKPOINT).task
 
 
 def _first_line(e: BaseException) -> str:
@@ -124,11 +182,10 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
         for ck, names in todo:
             rpath = recipe_path(ck.info.get("compare_recipe", "compare.yaml"))
             base_ov = [f"model.path={ck.path}"] + list(ck.recipe_overrides) + common
-            if opts.steps is not None:
-                base_ov.append(f"train.steps={opts.steps}")
             if opts.eval_limit is not None:
                 base_ov.append(f"eval.limit={opts.eval_limit}")
             recipe = load_stage_recipe(rpath, base_ov + [f"train.output_dir={out}"])
+            anchor = recipe.algorithm.name
             bench = recipe.eval.benchmarks[0]
             fam_dir = out / ck.family
             base_file = fam_dir / "baseline.json"
@@ -139,7 +196,8 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
                 baseline = eval_stage(ck.path, recipe, fam_dir / "baseline", "sft", progress=opts.progress)
                 fam_dir.mkdir(parents=True, exist_ok=True)
                 base_file.write_text(json.dumps(baseline, indent=1))
-            fam = results.setdefault(ck.family, {"checkpoint": ck.name, "baseline": baseline, "runs": {}, "failed": {}})
+            fam = results.setdefault(ck.family, {"checkpoint": ck.name, "task": ck.task, "anchor": anchor,
+                                                 "baseline": baseline, "runs": {}, "failed": {}})
             for name in names:
                 for seed in range(opts.seeds):
                     done_runs += 1
@@ -158,8 +216,9 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
                         eta = f", ETA {fmt_seconds(left)}"
                     echo(f"\n[run {done_runs}/{total}] {ck.family} / {name} / seed {seed}   "
                          f"(elapsed {fmt_seconds(time.perf_counter() - t0)}{eta})", flush=True)
-                    ov = base_ov + per_algo.get(name, []) + [f"algorithm.name={name}", f"train.seed={seed}",
-                                                             f"train.output_dir={run_dir}"]
+                    method_ov, settings = method_settings(rpath, base_ov, name, anchor, opts, per_algo.get(name, []),
+                                                          ck.attention)
+                    ov = base_ov + method_ov + [f"train.seed={seed}", f"train.output_dir={run_dir}"]
                     started = time.perf_counter()
                     try:
                         tr = train_stage(rpath, ov, progress=opts.progress)
@@ -173,7 +232,7 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
                     summary = {"family": ck.family, "algorithm": name, "seed": seed, "after": after,
                                "seconds": round(time.perf_counter() - started, 1), "train_seconds": round(tr.seconds, 1),
                                "metrics": str(tr.metrics), "train_reward_first": first, "train_reward_last": last,
-                               "steps": tr.recipe.train.steps}
+                               "steps": tr.recipe.train.steps, "settings": settings}
                     summary_file.write_text(json.dumps(summary, indent=1))
                     fam["runs"].setdefault(name, []).append(summary)
                     run_times.append(summary["seconds"])

@@ -27,7 +27,7 @@ from .stages import eval_settings, eval_stage, fmt_seconds, load_stage_recipe, s
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHECKPOINT = "sudoku-llada-sft"
+DEFAULT_CHECKPOINT = "lazy-sudoku-llada-sft"
 
 
 @dataclass
@@ -43,7 +43,9 @@ class QuickstartOptions:
     sft_overrides: list[str] = field(default_factory=list)  # dotted overrides of the SFT recipe
     rl_recipe: Optional[str] = None  # default: the packaged rl.yaml
     sft_recipe: Optional[str] = None  # default: the shipped checkpoint's SFT recipe
-    threads: Optional[int] = None  # torch intra-op threads (default: PyTorch's choice)
+    threads: Optional[int] = 1  # torch intra-op threads (None: PyTorch's choice; 1: see stages.set_threads)
+    samples: int = 4  # k completions per held-out puzzle at the rollout temperature (mean, best-of-k, pass@k); 0: off
+    sample_limit: Optional[int] = 100  # ... on the first N held-out puzzles (None: all of eval.limit)
     progress: bool = True
 
 
@@ -71,6 +73,13 @@ class StageLog:
         return time.perf_counter() - self.t0
 
 
+def results_markdown(shipped, algo: str, rl_steps: int, table: str) -> str:
+    """results.md: what the task is and why RL can improve it (from the checkpoint's manifest), then the table."""
+    head = f"# dare quickstart: {shipped.task} ({shipped.family}, {algo}, {rl_steps} RL steps)\n\n"
+    about = shipped.info.get("task_note", "")
+    return head + (about + "\n\n" if about else "") + table
+
+
 def default_run_dir() -> Path:
     return Path("runs") / "quickstart" / time.strftime("%Y%m%d-%H%M%S")
 
@@ -91,13 +100,19 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
 
     # Resolve the RL recipe first so a bad override fails before any work starts.
     # The checkpoint's own overrides (e.g. its decoding block length) come first, so --set can still change them.
-    rl_ov = list(shipped.recipe_overrides) + [f"train.output_dir={run / 'rl'}"] + seed_ov + list(opts.rl_overrides)
+    rl_ov = (list(shipped.recipe_overrides) + list(shipped.rl_overrides) + [f"train.output_dir={run / 'rl'}"] + seed_ov
+             + list(opts.rl_overrides))
     if opts.rl_steps is not None:
         rl_ov.append(f"train.steps={opts.rl_steps}")
     if opts.eval_limit is not None:
         rl_ov.append(f"eval.limit={opts.eval_limit}")
     rl_recipe = load_stage_recipe(rl_path, rl_ov + ["model.path=" + str(shipped.path)])
     settings = eval_settings(rl_recipe)
+    if opts.samples:
+        import dataclasses
+        settings["rollout_sampler"] = dataclasses.asdict(rl_recipe.rollout.sampler)
+        settings["samples"] = opts.samples
+        settings["sample_limit"] = opts.sample_limit
     names = (["SFT"] if opts.from_scratch else []) + ["eval SFT", "RL", "eval RL", "report"]
     stages = StageLog(names, echo)
     echo(f"dare quickstart: run folder {run}", flush=True)
@@ -117,7 +132,8 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
 
         limit = settings["limit"]
         stages.start(f"held-out eval of the SFT model ({', '.join(settings['benchmarks'])}, {limit} examples)")
-        before = eval_stage(sft_model, rl_recipe, run / "eval" / "sft", "sft", seed=opts.seed, progress=opts.progress)
+        before = eval_stage(sft_model, rl_recipe, run / "eval" / "sft", "sft", seed=opts.seed, progress=opts.progress,
+                            samples=opts.samples, sample_limit=opts.sample_limit)
         stages.done("eval_sft")
 
         algo = rl_recipe.algorithm.name
@@ -128,15 +144,16 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
         stages.done("rl")
 
         stages.start("held-out eval of the RL model")
-        after = eval_stage(rl.export, rl_recipe, run / "eval" / "rl", "rl", seed=opts.seed, progress=opts.progress)
+        after = eval_stage(rl.export, rl_recipe, run / "eval" / "rl", "rl", seed=opts.seed, progress=opts.progress,
+                           samples=opts.samples, sample_limit=opts.sample_limit)
         stages.done("eval_rl")
 
         stages.start("report")
         rows = [{"model": "SFT (baseline)", "path": str(sft_model), "results": before},
                 {"model": f"SFT + {algo}", "path": str(rl.export), "results": after}]
         table = quickstart_table(rows, settings)
-        (run / "results.md").write_text(table)
-        png = quickstart_plot(run / "quickstart.png", sft_curve, rl.metrics, rows, title=f"dare quickstart: {algo}")
+        (run / "results.md").write_text(results_markdown(shipped, algo, rl_recipe.train.steps, table))
+        png = quickstart_plot(run / "quickstart.png", sft_curve, rl.metrics, rows, title=f"dare quickstart: {shipped.task} ({shipped.family}), {algo}")
         stages.done("report")
         summary = {"run_dir": str(run), "algorithm": algo, "seed": opts.seed, "from_scratch": opts.from_scratch,
                    "sft_model": str(sft_model), "rl_model": str(rl.export), "before": before, "after": after,

@@ -64,11 +64,14 @@ def eval_settings(recipe) -> dict:
 
 
 def eval_stage(model_path, recipe, output_dir, name: str, *, seed: int = 0, progress: bool = True,
-               reward_workers: int = 1) -> dict:
+               reward_workers: int = 1, samples: int = 0, sample_limit: Optional[int] = None) -> dict:
     """``dare.eval.evaluate`` of the checkpoint at ``model_path`` with ``recipe.eval``'s settings.
 
     Returns ``{benchmark: summary}`` (``score``, ``mean_score``, ``accuracy``, ...) and writes per-sample JSONL,
-    results.json and results.md to ``output_dir``.
+    results.json and results.md to ``output_dir``. With ``samples = k > 0`` the same held-out examples are also
+    decoded k times each with the RL rollout's sampler (``recipe.rollout.sampler``: its temperature and steps; the
+    first ``sample_limit`` examples, default all), and ``summary["sampled"]`` holds the mean reward over the k samples,
+    the best-of-k mean and pass@k.
     """
     from ..eval import evaluate
     from ..eval.models import load_for_eval
@@ -76,15 +79,26 @@ def eval_stage(model_path, recipe, output_dir, name: str, *, seed: int = 0, prog
     ec = recipe.eval
     eval_settings(recipe)  # validates
     model, tok = load_for_eval(str(model_path))
+    common = dict(limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=seed, progress=progress,
+                  resume=False, reward_workers=reward_workers)
     t0 = time.perf_counter()
-    results = evaluate(model, tok, list(ec.benchmarks), ec.sampler, output_dir=Path(output_dir), model_name=name,
-                       limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=seed, progress=progress,
-                       resume=False, reward_workers=reward_workers)
+    results = evaluate(model, tok, list(ec.benchmarks), ec.sampler, output_dir=Path(output_dir), model_name=name, **common)
     seconds = time.perf_counter() - t0
     out = {}
     for bench, s in results["benchmarks"].items():
         out[bench] = {k: s[k] for k in ("metric", "score", "mean_score", "accuracy", "n_examples", "errors")}
         out[bench]["seconds"] = round(seconds, 2)
+    if samples > 0:
+        t0 = time.perf_counter()
+        if sample_limit is not None:
+            common["limit"] = sample_limit if ec.limit is None else min(sample_limit, ec.limit)
+        sampled = evaluate(model, tok, list(ec.benchmarks), recipe.rollout.sampler, output_dir=Path(output_dir) / "sampled",
+                           model_name=f"{name}-sampled", n_samples=samples, **common)
+        seconds = time.perf_counter() - t0
+        for bench, s in sampled["benchmarks"].items():
+            out[bench]["sampled"] = {k: s[k] for k in ("mean_score", "accuracy", "best_of_k_mean", "pass_at_k", "k")}
+            out[bench]["sampled"].update(temperature=recipe.rollout.sampler.temperature, seconds=round(seconds, 2),
+                                         n_examples=s["n_examples"])
     del model
     return out
 
@@ -108,7 +122,9 @@ def read_curve(metrics_path, key: str) -> list[tuple[int, float]]:
 
 
 def set_threads(threads: Optional[int]) -> None:
-    """Intra-op threads for this process (``None``: PyTorch's default)."""
+    """Intra-op threads for this process (``None``: PyTorch's default). The quickstart and the comparison default to
+    1: the tiny models are overhead-bound, and two intra-op threads on a 2-core machine whose cores are shared with
+    anything else ran up to 33x slower (docs/quickstart.md)."""
     if threads:
         import torch
         torch.set_num_threads(int(threads))

@@ -1,0 +1,89 @@
+"""Shared by the loss-parity cases (tests/assets/loss_parity/*.pt, made by scripts/make_loss_parity.py) and their
+test (test_loss_parity.py); see docs/loss_parity.md.
+
+A case holds small inputs, the dare algorithm config that matches the reference's hyperparameters, and the loss value
+and gradients that the authors' own code gave on those inputs. The "current-policy log-probs" are leaves: per-token
+log-probs (per view, per draw or per step, as the method's estimator takes them). References that take logits get
+``embed_logp(leaf)``: logits over a tiny vocabulary whose log-softmax at the label is exactly the leaf (the rest of
+the mass sits on token ``OTHER``), so the reference's own ``log_softmax``/``cross_entropy``/``softmax`` calls see the
+leaf and its gradient w.r.t. the leaf is the gradient w.r.t. the per-token log-probs. dare's estimators get the same
+logits from ``TableModel``, a stand-in model whose hidden states are those logits and whose head is the identity.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+CASE_DIR = Path(__file__).resolve().parents[1] / "assets" / "loss_parity"
+VOCAB = 16
+OTHER = 0  # never a label: holds 1 - p
+EOS = 1
+MASK_ID = 2
+PAD = 3  # padding after the EOS where a reference tells padding from the stop token (TraceRL, DiRL)
+FIRST_TOKEN = 4  # real tokens are FIRST_TOKEN .. VOCAB-1
+FILLER = -1.0e4  # logits of every other token (exp underflows to exactly 0)
+
+
+def embed_logp(logp: torch.Tensor, labels: torch.Tensor, vocab: int = VOCAB) -> torch.Tensor:
+    """Logits ``[..., vocab]`` with ``log_softmax(logits)[label] == logp`` (differentiable in ``logp``)."""
+    if bool((labels == OTHER).any()):
+        raise ValueError(f"token {OTHER} is reserved for the complementary mass")
+    base = torch.full((*logp.shape, vocab), FILLER, dtype=logp.dtype)
+    out = base.scatter(-1, labels.long().unsqueeze(-1), logp.unsqueeze(-1))
+    rest = torch.log(-torch.expm1(logp))  # log(1 - p)
+    return out.scatter(-1, torch.full_like(labels.long(), OTHER).unsqueeze(-1), rest.unsqueeze(-1))
+
+
+def save_case(name: str, case: dict, directory: Path = CASE_DIR) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.pt"
+    torch.save(case, path)
+    return path
+
+
+def load_case(path: Path) -> dict:
+    case = torch.load(path, weights_only=True)
+    case["inputs"] = {k: v.long() if isinstance(v, torch.Tensor) and v.dtype == torch.int16 else v
+                      for k, v in case["inputs"].items()}
+    return case
+
+
+def case_paths(directory: Path = CASE_DIR) -> list[Path]:
+    return sorted(directory.glob("*.pt"))
+
+
+def stub_adapter(block_size=None):
+    """The adapter fields the RL hooks read, for the tiny parity vocabulary (no model behind it)."""
+    return SimpleNamespace(mask_token_id=MASK_ID, is_block_causal=block_size is not None, block_size=block_size,
+                           attention="block_causal" if block_size else "bidirectional", all_stop_ids=[EOS],
+                           prediction_rows=lambda col: col)
+
+
+class TableModel(torch.nn.Module):
+    """A model whose i-th forward returns ``hidden[i]`` (logits ``[B, T, V]``) with an identity head.
+
+    ``dare.diffusion.logprob.score_targets`` computes ``log_softmax(hidden @ I)`` at the targets, so a view scored
+    in the i-th forward sees exactly the logits the reference saw for it."""
+
+    def __init__(self, hidden: list[torch.Tensor]):
+        super().__init__()
+        self.hidden = list(hidden)
+        self.calls = 0
+        self.lm_head = SimpleNamespace(weight=torch.eye(VOCAB, dtype=torch.float64))
+        self.adapter = stub_adapter()
+
+    def forward(self, input_ids, **kwargs):
+        h = self.hidden[self.calls]
+        self.calls += 1
+        if h.shape[:2] != input_ids.shape[:2]:
+            raise ValueError(f"forward {self.calls}: table has shape {tuple(h.shape)}, input {tuple(input_ids.shape)}")
+        return SimpleNamespace(hidden_states=h)
+
+
+def completion_hidden(logp: torch.Tensor, prompt_len: int, completion_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, P + Lc, V]`` hidden states of one view: the embedded log-probs at the completion positions."""
+    B = logp.shape[0]
+    prompt = torch.zeros(B, prompt_len, VOCAB, dtype=logp.dtype)
+    return torch.cat([prompt, embed_logp(logp, completion_ids)], dim=1)

@@ -1,0 +1,73 @@
+"""Each RL method's paper settings (``Algorithm.paper``) and how ``dare compare`` turns them into recipe overrides."""
+import pytest
+
+from dare.algorithms import ALGORITHMS, get_algorithm, load_builtin_algorithms
+from dare.algorithms.paper import PaperSettings, paper_overrides
+
+
+def _rl():
+    load_builtin_algorithms()
+    return {n: c for n, c in sorted(ALGORITHMS.items()) if getattr(c, "uses_rollout", False)
+            and c.__module__.startswith("dare.algorithms")}
+
+
+@pytest.mark.parametrize("name", list(_rl()))
+def test_every_rl_method_names_the_source_of_its_paper_settings(name):
+    p = get_algorithm(name).paper
+    assert isinstance(p, PaperSettings), f"{name} declares no paper settings"
+    assert 0 < p.lr < 1e-3 and p.temperature > 0 and (p.grad_clip is None or p.grad_clip > 0)
+    assert len(p.source) > 20
+    assert p.embedded_lr_factor == 1.0 or len(p.embedded_note) > 40, "a departure on the embedded task needs its reason"
+    fields = get_algorithm(name).config_class.__dataclass_fields__
+    for task, values in p.per_task.items():
+        assert set(values) <= {"lr", "grad_clip", "temperature", "algorithm"}, (name, task)
+        assert set(values.get("algorithm", {})) <= set(fields), (name, task)
+    for kind, values in p.per_attention.items():
+        assert kind in get_algorithm(name).supports and set(values) == {"algorithm"}, (name, kind)
+        assert set(values["algorithm"]) <= set(fields), (name, kind)
+    from dare.rollout import SamplerConfig
+    assert set(p.sampler) <= set(SamplerConfig.__dataclass_fields__), name
+
+
+def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
+    d1, coupled = get_algorithm("d1"), get_algorithm("coupled_grpo")
+    ov = paper_overrides(d1, coupled, 1e-4, "sudoku")
+    # d1's authors train at 3e-6, DiffuCoder's at 1e-6: d1 gets 3x the anchor's rate; its Sudoku script's mu and
+    # temperature replace the general ones.
+    assert "optim.lr=0.0003" in ov and "optim.grad_clip=0.2" in ov
+    assert "rollout.sampler.temperature=0.3" in ov and "algorithm.inner_iterations=8" in ov
+    general = paper_overrides(d1, coupled, 1e-4, "math")
+    assert "rollout.sampler.temperature=0.9" in general and not any("inner_iterations" in o for o in general)
+    assert "optim.lr=0.0001" in paper_overrides(coupled, coupled, 1e-4, "sudoku")
+    # ESPO's Sudoku script uses its own lr (3e-6, not its general 1e-6) and beta 1e-2
+    espo = paper_overrides(get_algorithm("espo"), coupled, 1e-4, "sudoku")
+    assert "optim.lr=0.0003" in espo and "algorithm.beta=0.01" in espo
+    # the authors' LoRA adapters (r 128, alpha 64) for the methods trained with LoRA; the reference stays a copy
+    assert {"lora.enabled=true", "lora.r=128", "lora.alpha=64", "reference.mode=copy"} <= set(ov)
+    assert not any(o.startswith("lora.") for o in paper_overrides(coupled, coupled, 1e-4, "sudoku"))
+
+
+def test_decoding_and_per_attention_values():
+    """CJ-GRPO decodes with its paper's EOSER + ASS; TraceRL shrinks trajectories by 8 on full attention (rl_llada.yaml)
+    and not on block models (rl_sdar.yaml)."""
+    coupled = get_algorithm("coupled_grpo")
+    cj = paper_overrides(get_algorithm("cj_grpo"), coupled, 1e-4, "sudoku", "bidirectional")
+    assert "rollout.sampler.schedule=ass" in cj and "rollout.sampler.eoser=true" in cj
+    assert "algorithm.shrink=8" in paper_overrides(get_algorithm("tracerl"), coupled, 1e-4, "sudoku", "bidirectional")
+    assert "algorithm.shrink=1" in paper_overrides(get_algorithm("tracerl"), coupled, 1e-4, "sudoku", "block_causal")
+
+
+def test_a_method_without_paper_settings_is_an_error():
+    with pytest.raises(ValueError, match="declares no paper settings"):
+        paper_overrides(get_algorithm("sft"), get_algorithm("d1"), 1e-4, None)
+
+
+@pytest.mark.parametrize("name", list(_rl()))
+def test_the_method_doc_states_its_paper_settings(name):
+    """docs/algorithms/<name>.md carries the registry's paper settings verbatim, so the two cannot drift apart."""
+    from pathlib import Path
+
+    from dare.algorithms.paper import paper_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "algorithms" / f"{name}.md"
+    assert paper_markdown(get_algorithm(name)) in doc.read_text()
