@@ -68,8 +68,8 @@ def run_cell(tmp_path, name: str, family: str):
     overrides += [f"algorithm.{k}={v}" for k, v in COST_KNOBS.items() if k in fields]
     if cls.uses_rollout:
         # One 8-token block on masked models (MDPO and CJ-GRPO's ASS need single-block rollouts), the tiny block
-        # size on block models (TraceRL / DiRL replay the model's blocks).
-        block = TINY_BLOCK if family_attention()[family] == "block_causal" else 8
+        # size on block models (TraceRL / DiRL replay the model's blocks), the tiny canvas (4) on encoder-decoder ones.
+        block = TINY_BLOCK if family_attention()[family] in ("block_causal", "encoder_decoder") else 8
         recipe = load_recipe(tiny_recipe(name))
         sampler = ["rollout.sampler.gen_length=8", f"rollout.sampler.block_length={block}"]
         if recipe.rollout.sampler.steps_per_block is None:

@@ -47,8 +47,10 @@ from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
+from ..diffusion.corruption import apply_mask
 from ..diffusion.logprob import DEFAULT_CHUNK, score_targets
 from ..diffusion.noise import STREAM_CORRUPT, keyed_generator
+from ..diffusion.uniform import uniform_replace
 
 # ----------------------------------------------------------------------------------------------------------
 # Data containers
@@ -218,6 +220,16 @@ class StepContext:
         """The corruption generator for ``key`` = (iteration, sample_uid, mc_index, ...) at this step."""
         return keyed_generator(self.seed, STREAM_CORRUPT, self.step, *key)
 
+    def corrupt(self, ids: torch.Tensor, corrupted: torch.Tensor, uids, *key, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``ids`` with the ``corrupted`` positions replaced the way the model's family corrupts: by the mask token
+        (masked diffusion) or by uniform random tokens (DiffusionGemma), drawn for sample ``uid`` from
+        ``generator(*key, uid, "uniform")`` over its ``valid`` positions. The same key gives the same tokens, so
+        old, reference and current policies score identical inputs (views are built once per iteration anyway)."""
+        if self.adapter.noise != "uniform":
+            return apply_mask(ids, corrupted, self.adapter.mask_token_id)
+        gens = [self.generator(*key, int(u), "uniform") for u in (uids.tolist() if torch.is_tensor(uids) else uids)]
+        return uniform_replace(ids, corrupted, self.adapter.vocab_size, gens, valid)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Algorithm base class and registry
@@ -297,8 +309,11 @@ class Algorithm:
     # RL methods: the loop generates completions and scores them before the hooks run.
     uses_rollout: ClassVar[bool] = False
     # Attention kinds the method's math is defined for ("bidirectional": LLaDA, LLaDA-MoE, Dream; "block_causal":
-    # SDAR, SDAR-MoE, LLaDA2). The README's support matrix is generated from it.
+    # SDAR, SDAR-MoE, LLaDA2; "encoder_decoder": DiffusionGemma, uniform noise). The README's support matrix is
+    # generated from it.
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    # Why the method is undefined for a kind it does not support (shown by ``dare algorithms --matrix`` and errors).
+    undefined: ClassVar[dict[str, str]] = {}
     # RL methods: the authors' optimizer / rollout / per-task settings (``dare.algorithms.paper``), used by
     # ``dare compare`` to give each method its own paper's relative settings. None for methods without rollouts.
     paper: ClassVar[Optional["PaperSettings"]] = None
@@ -310,8 +325,10 @@ class Algorithm:
         """A clear error when the model's attention kind is not in ``supports`` (the loop calls it at start-up)."""
         if adapter.attention not in self.supports:
             from .matrix import families_of
+            why = self.undefined.get(adapter.attention)
             raise ValueError(f"algorithm {self.name!r} supports {self.supports} attention; this model is "
-                             f"{adapter.attention!r} (supported families: {', '.join(families_of(self.supports))})")
+                             f"{adapter.attention!r} (supported families: {', '.join(families_of(self.supports))})"
+                             + (f". Undefined for it: {why}" if why else ""))
 
     def check_rollout(self, sampler, adapter) -> None:
         """A clear error when the recipe's ``rollout.sampler`` cannot produce what the method trains on (the loop calls

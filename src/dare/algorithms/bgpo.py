@@ -71,7 +71,7 @@ class BGPO(GRPOAlgorithm):
         lr=1e-6, grad_clip=1.0, temperature=1.0,
         source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = BGPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
     @property
     def mc_samples(self) -> int:
@@ -84,7 +84,7 @@ class BGPO(GRPOAlgorithm):
         B, Lc = masked.shape[1:]
         # (1/L) * 1/(x/L) = 1/x: the length-normalised ELBO term is the mean log-prob of the masked tokens.
         return [elbo_view(ctx, batch, masked[j], (1.0 / counts[j].clamp_min(1).float())[:, None].expand(B, Lc), j,
-                          {"count": counts[j]}) for j in range(n)]
+                          {"count": counts[j], "noise_key": (iteration, j)}) for j in range(n)]
 
     def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
         """Per-MC-sample length-normalised ELBO terms ``[B, num_mc]``."""

@@ -18,7 +18,9 @@ Loss: token-level clipped GRPO (eps 0.5 both sides) + beta 0.01 KL3 to the refer
 ``A_i = r_i - mean_{j != i} r_j = G/(G-1)(r_i - mean)`` without std scaling, token mean over the whole step.
 Defaults follow ``recipes/config_coupled_code.yaml`` (mu 2, reference sync every 64 steps).
 
-Block-diffusion models: the pair is the block NELBO's. The complementary masks apply per token within x_t (one t per
+Uniform-noise models (DiffusionGemma): the complementary *corruption* sets, with corrupted positions holding uniform
+random tokens (the indicator ELBO of docs/algorithms/uniform_noise.md has the same 1/t weights); v0 is the fully-noised
+canvas. Block-diffusion models: the pair is the block NELBO's. The complementary masks apply per token within x_t (one t per
 sample, shared by the blocks as in SDAR's training) and every view is scored over the ``[x_t ; x_0]`` layout, so a
 token of block b is predicted from x_t's block b and the clean blocks before it; v0 is d1's block estimate. Each
 token is still scored exactly once between v1 and v2 with its 1/t or 1/(1-t) weight.
@@ -30,7 +32,6 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..diffusion.corruption import apply_mask
 from .base import Batch, StepContext, View, register_algorithm
 from .d1 import completion_view
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
@@ -86,7 +87,7 @@ class CoupledGRPO(GRPOAlgorithm):
         lr=1e-6, grad_clip=0.2, temperature=1.0,
         source="apple/ml-diffucoder recipes/config_coupled_code.yaml (learning_rate, max_grad_norm, generation_temperature; num_iterations 2 and beta 0.01 are the config defaults); no Sudoku script")
     config_class = CoupledGRPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
     @property
     def mc_samples(self) -> int:
@@ -95,17 +96,17 @@ class CoupledGRPO(GRPOAlgorithm):
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
         cfg = self.config
-        mask_id = ctx.adapter.mask_token_id
-        comp, scored = batch["completion_ids"], batch["completion_mask"].bool()
+        comp, scored, uid = batch["completion_ids"], batch["completion_mask"].bool(), batch["uid"]
         v1, t = coupled_masks(ctx, batch, iteration, cfg.t_min, cfg.t_max, cfg.t_sharing)
         v2 = ~v1
         info = {"t": t, "v1": v1}
         views = []
         if cfg.full_mask_view:
-            views.append(completion_view(ctx, batch, torch.full_like(comp, mask_id), scored,
+            views.append(completion_view(ctx, batch, ctx.corrupt(comp, torch.ones_like(scored), uid, iteration, "v0"), scored,
                                          weight=torch.full(comp.shape, 0.5, device=comp.device) * scored, info=info))
-        for masked, w in ((v1, 1.0 / t), (v2, 1.0 / (1.0 - t))):
+        for name, masked, w in (("v1", v1, 1.0 / t), ("v2", v2, 1.0 / (1.0 - t))):
             targets = masked & scored
             weight = 0.5 * w[:, None].float() * targets
-            views.append(completion_view(ctx, batch, apply_mask(comp, masked, mask_id), targets, weight=weight, info=info))
+            views.append(completion_view(ctx, batch, ctx.corrupt(comp, masked, uid, iteration, name), targets, weight=weight,
+                                         info=info))
         return views

@@ -8,7 +8,11 @@ regulariser across ``mu``). Loss: token-level clipped GRPO with KL3 to the refer
 
 Block-diffusion models (SDAR, SDAR-MoE, LLaDA2): the same one-step estimate of the block factorisation
 ``log p(y) = sum_b log p(y^b | y^{<b}, x)`` -- every completion position is masked in x_t and block b is scored given
-the *clean* blocks before it, in one forward over the ``[x_t ; x_0]`` layout (algorithms.md 0.4). A plain block-causal
+the *clean* blocks before it, in one forward over the ``[x_t ; x_0]`` layout (algorithms.md 0.4).
+
+Uniform-noise encoder-decoder models (DiffusionGemma): the one-step *fully noised* estimate -- every completion position
+replaced by a uniform random token (t = 1), canvas block b scored given the prompt and the clean blocks before it (the
+encoder reads them); real prompt tokens are replaced by random tokens with ``p_mask_prompt`` (docs/algorithms/uniform_noise.md). A plain block-causal
 input of the all-masked completion would condition every block on masked earlier blocks, a state the block sampler
 never visits. The (masked) prompt is the condition of every block, so it fills both halves of the layout.
 
@@ -23,7 +27,6 @@ from typing import ClassVar, Optional
 
 import torch
 
-from ..diffusion.corruption import apply_mask
 from .base import Batch, StepContext, View, register_algorithm
 from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
 from .views import prompt_completion_view
@@ -72,6 +75,10 @@ def completion_view(ctx: StepContext, batch: Batch, completion_input: torch.Tens
     the condition of every block, so it fills both halves (in the noisy half alone it would reach only the block
     holding the prompt's tail).
     """
+    if ctx.adapter.is_encoder_decoder:  # [prompt ; clean blocks ; canvas]: canvas block b sees the clean blocks < b
+        return prompt_completion_view(batch["prompt_ids"] if prompt_input is None else prompt_input, batch["prompt_mask"],
+                                      batch["completion_ids"], completion_input, targets, weight=weight,
+                                      canvas_length=ctx.adapter.block_size, info=info)
     if not ctx.adapter.is_block_causal:
         return rl_view(ctx, batch, completion_input, targets, prompt_input=prompt_input, weight=weight, info=info)
     prompt = batch["prompt_ids"] if prompt_input is None else prompt_input
@@ -88,15 +95,15 @@ class D1(GRPOAlgorithm):
         source="dllm-reasoning/d1 diffu-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft), diffu_grpo_config.py (temperature 0.9); sudoku_base.sbatch (NUM_ITER=8, --temperature 0.3)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 8}}})
     config_class = D1Config
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
-        mask_id = ctx.adapter.mask_token_id
+        uid = batch["uid"]
         masked_prompt = prompt_masks(ctx, batch, iteration, self.config.p_mask_prompt)
-        noisy_prompt = apply_mask(batch["prompt_ids"], masked_prompt, mask_id)
+        noisy_prompt = ctx.corrupt(batch["prompt_ids"], masked_prompt, uid, iteration, "prompt", valid=batch["prompt_mask"])
         comp = batch["completion_ids"]
-        all_masked = torch.full_like(comp, mask_id)
+        all_masked = ctx.corrupt(comp, torch.ones_like(comp, dtype=torch.bool), uid, iteration, "completion")
         # Logits only where the loss reads them: completion positions up to the first EOS.
         view = completion_view(ctx, batch, all_masked, batch["completion_mask"].bool(), prompt_input=noisy_prompt,
                                info={"prompt_masked": masked_prompt})

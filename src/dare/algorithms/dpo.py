@@ -24,10 +24,9 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from ..diffusion.corruption import apply_mask
 from ..diffusion.noise import sample_time, stratified_times
 from .base import Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View, register_algorithm
-from .views import prompt_completion_view
+from .views import layout_kwargs, prompt_completion_view
 
 RESPONSES = ("chosen", "rejected")
 
@@ -87,7 +86,7 @@ class DPO(Algorithm):
     """ELBO-based DPO: n-sample ELBO of chosen and rejected responses against the reference (n = 1 by default)."""
     name = "dpo"
     config_class = DPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
     data_kind = "preference"
 
     @property
@@ -121,9 +120,10 @@ class DPO(Algorithm):
                     weight[j, b, real] = m.float() * (w / norm)
             for j in range(n):
                 mj, wj = masked[j].to(ids.device), weight[j].to(ids.device)
-                view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], ids, apply_mask(ids, mj, ctx.adapter.mask_token_id),
-                                              mj, completion_valid=valid, weight=wj, block_layout=ctx.adapter.is_block_causal,
-                                              info={"slot": torch.full((B,), r, dtype=torch.long, device=ids.device)})
+                noisy = ctx.corrupt(ids, mj, batch["uid"], *salt, iteration, r, j, valid=valid)
+                view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], ids, noisy, mj, completion_valid=valid,
+                                              weight=wj, info={"slot": torch.full((B,), r, dtype=torch.long, device=ids.device)},
+                                              **layout_kwargs(ctx.adapter))
                 views.append(view)
         return views
 

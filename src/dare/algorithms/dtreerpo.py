@@ -217,6 +217,10 @@ class DTreeRPO(GRPOAlgorithm):
     name = "dtreerpo"
     config_class = DTreeRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    undefined: ClassVar[dict[str, str]] = {
+        "encoder_decoder": "its segments are the tokens committed between a node and its child; the canvas sampler "
+                           "(uniform noise) commits nothing at a step (every pass re-noises what it does not accept), "
+                           "so a partial canvas is no node state to branch from"}
     paper = PaperSettings(
         lr=3e-5, grad_clip=0.2, temperature=0.9, lora=True,
         source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft; the "

@@ -15,7 +15,9 @@ itself and the clean blocks before it, exactly ``log p(y^b | z_n^b, y^{<b}, x)``
 Loss: ESPO's sequence-level clipped ratio ``rho = exp((B_theta - B_old)/L)`` (length-normalised: the safe default
 of the spec; DARE's port uses the raw composite difference), optional KL on the raw composite ELBO / L, and the
 exact two-pass backward (memory O(1) in ``num_mc``). Noise keyed by (iteration, uid) is shared by the current,
-old and reference policies (the antithetic principle). Block-causal models only.
+old and reference policies (the antithetic principle). Block-causal models, and uniform-noise encoder-decoder models
+(DiffusionGemma) whose blocks are the canvases, counted from the completion start, with corrupted positions holding
+uniform random tokens (the same count weights: docs/algorithms/uniform_noise.md).
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ def completion_blocks(prompt_len: int, length: int, block_size: int) -> list[tor
 def ebpo_masks(ctx: StepContext, batch: Batch, iteration: int, n: int):
     """(masked ``[N, B, Lc]``, weight ``[N, B, Lc]`` = n_b/(m N) on masked tokens, t ``[N, B]``)."""
     bs = ctx.adapter.block_size
+    offset = not ctx.adapter.is_encoder_decoder  # canvases start at the completion; attention blocks at position 0
     if not bs:
         raise ValueError("ebpo needs the model's block size (model.adapter.block_size)")
     valid = batch["completion_mask"].bool().cpu()
@@ -66,7 +69,7 @@ def ebpo_masks(ctx: StepContext, batch: Batch, iteration: int, n: int):
     weight = torch.zeros(n, B, Lc)
     t = torch.zeros(n, B)
     for i, uid in enumerate(batch["uid"].tolist()):
-        blocks = completion_blocks(int(prompt_len[i]), int(valid[i].sum()), bs)
+        blocks = completion_blocks(int(prompt_len[i]) * offset, int(valid[i].sum()), bs)
         u = float(torch.rand((), generator=ctx.generator(iteration, uid, "ebpo_t"), dtype=torch.float64))
         for k in range(n):
             g = ctx.generator(iteration, uid, k)
@@ -89,7 +92,7 @@ class EBPO(SequenceRatioAlgorithm):
         lr=1e-6, grad_clip=1.0, temperature=1.0,
         source="no published training code (LLaDA2.1; dFactory ships SFT only): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = EBPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("block_causal",)
+    supports: ClassVar[tuple[str, ...]] = ("block_causal", "encoder_decoder")
 
     @property
     def mc_samples(self) -> int:
@@ -98,4 +101,5 @@ class EBPO(SequenceRatioAlgorithm):
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
         masked, weight, t = ebpo_masks(ctx, batch, iteration, self.config.num_mc)
-        return [elbo_view(ctx, batch, masked[k], weight[k], 0, {"t": t[k]}) for k in range(self.config.num_mc)]
+        return [elbo_view(ctx, batch, masked[k], weight[k], 0, {"t": t[k], "noise_key": (iteration, k)})
+                for k in range(self.config.num_mc)]

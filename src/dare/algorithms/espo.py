@@ -32,12 +32,11 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 
-from ..diffusion.corruption import apply_mask
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty
-from .views import prompt_completion_view
 from .paper import PaperSettings
+from .views import layout_kwargs, prompt_completion_view
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -87,17 +86,20 @@ def stratified_masks(ctx: StepContext, batch: Batch, iteration: int, n: int, low
 
 def elbo_view(ctx: StepContext, batch: Batch, masked: torch.Tensor, weight: torch.Tensor, slot: int,
               info: Optional[dict] = None) -> View:
-    """One ELBO forward of an RL batch: completion positions ``masked`` (and every post-EOS position) replaced by the
-    mask token, scored where masked and up to the first EOS with per-token ``weight``; ``slot`` is the column of the
-    estimator's ``[B, K]`` value this view adds to. Block-causal models get the ``[x_t ; x_0]`` layout."""
+    """One ELBO forward of an RL batch: completion positions ``masked`` (and every post-EOS position) corrupted (the
+    mask token; uniform random tokens for uniform-noise families, keyed by ``(iteration, slot, view)`` of ``info``),
+    scored where corrupted and up to the first EOS with per-token ``weight``; ``slot`` is the column of the
+    estimator's ``[B, K]`` value this view adds to. Block-causal models get the ``[x_t ; x_0]`` layout, encoder-decoder
+    models the ``[prompt ; clean blocks ; canvas]`` one."""
     comp, valid = batch["completion_ids"], batch["completion_mask"].bool()
     targets = masked & valid
-    noisy = apply_mask(comp, masked | ~valid, ctx.adapter.mask_token_id)
     info = dict(info or {})
+    key = info.pop("noise_key", (slot,))
+    noisy = ctx.corrupt(comp, masked | ~valid, batch["uid"], "elbo", *key)
     info["slot"] = torch.full((comp.shape[0],), slot, dtype=torch.long, device=comp.device)
     # Block diffusion: the [x_t ; x_0] input, so one forward scores every block given its clean prefix.
     return prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, noisy, targets, weight=weight * targets,
-                                  block_layout=ctx.adapter.is_block_causal, info=info)
+                                  info=info, **layout_kwargs(ctx.adapter))
 
 
 def view_sequence_logp(ctx: StepContext, model, view: View) -> torch.Tensor:
@@ -208,7 +210,7 @@ class ESPO(SequenceRatioAlgorithm):
         source="ML-GSAI/ESPO recipes/train.yaml (lr, max_grad_norm, generation_temperature); recipes/run_sudoku_llada.sh (--learning_rate 3e-6, NUM_ITER=8, --beta 1e-2, --max_grad_norm 0.2, --use_peft true)",
         per_task={"sudoku": {"lr": 3e-6, "algorithm": {"inner_iterations": 8, "beta": 1e-2}}})
     config_class = ESPOConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
     @property
     def mc_samples(self) -> int:
@@ -229,5 +231,5 @@ class ESPO(SequenceRatioAlgorithm):
             for masked, count in ((main[j], counts[j]), (valid & ~main[j], lengths - counts[j]))[:2 if cfg.antithetic else 1]:
                 p = count.double() / (lengths + 1).double()
                 w = (half / n / p.clamp_min(1e-12)).float()[:, None].expand(B, Lc)
-                views.append(elbo_view(ctx, batch, masked, w, 0, {"p": p.float()}))
+                views.append(elbo_view(ctx, batch, masked, w, 0, {"p": p.float(), "noise_key": (iteration, len(views))}))
         return views

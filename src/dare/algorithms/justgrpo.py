@@ -122,6 +122,10 @@ class JustGRPO(GRPOAlgorithm):
     name = "justgrpo"
     config_class = JustGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    undefined: ClassVar[dict[str, str]] = {
+        "encoder_decoder": "its likelihood reads token t with the tokens after t masked; a uniform-noise canvas has no "
+                           "mask state (unseen positions are random tokens), and its sampler accepts positions by an "
+                           "entropy bound, not one token per step left to right, so rollout and scored policy differ"}
     paper = PaperSettings(
         lr=5e-6, grad_clip=1.0, temperature=1.0,
         source="LeapLabTHU/JustGRPO train.py (learning_rate 5e-6, max_grad_norm 1.0, num_generations 8 x repeat_times 2), "

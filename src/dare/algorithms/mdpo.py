@@ -141,6 +141,11 @@ class MDPO(GRPOAlgorithm):
                       "(factor 0.1) it rose 0.406 -> 0.582 (seed 0, 100 held-out puzzles, docs/comparison.md).")
     config_class = MDPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
+    undefined: ClassVar[dict[str, str]] = {
+        "encoder_decoder": "MDPO replays the masked sampler's intermediate states (which tokens are still masked at each "
+                           "step) and rewards each step's prediction; the uniform-noise canvas sampler has no absorbing "
+                           "states (every pass re-noises what it does not accept) and its running-confidence remasking "
+                           "has no uniform-noise analogue"}
 
     @property
     def mc_samples(self) -> int:

@@ -10,6 +10,16 @@ One algorithm covers every family through the adapter:
   layout (logits from the noisy half). LLaDA2's recipe is ``t_min: 0.3, t_max: 0.8, weighting: uniform,
   normalize: masked_tokens``.
 
+* uniform-noise encoder-decoder models (``adapter.is_encoder_decoder``: DiffusionGemma, NeMo AutoModel's recipe): each
+  answer token is replaced by a uniform random token with probability t; the encoder reads the clean rows, the canvas
+  holds the (corrupted) answers, blocked by the canvas length from each answer's first token. The loss is the
+  cross-entropy over every answer position (``score_clean``: corrupted or not) plus ``encoder_loss_weight`` times the
+  encoder's autoregressive cross-entropy over all next-token pairs of the documents (normalised by their count); a
+  row is self-conditioned (a first pass without, a second fed its logits) with probability ``self_conditioning_p``.
+  NeMo's recipe is ``weighting: uniform, normalize: answer_tokens`` (every answer position scored); with the default
+  ``weighting: scheduler`` only corrupted positions are scored, weighted 1/t: the uniform-noise ELBO of
+  docs/algorithms/uniform_noise.md.
+
 ``normalize``: ``answer_length`` (LLaDA: each document's sum divided by its own answer length, then the mean over
 documents), ``answer_tokens`` (d1 SFT / SDAR: divided by all answer tokens of the step), ``masked_tokens``
 (LLaDA2: the mean over masked tokens). All normalisers are global over the step.
@@ -22,12 +32,13 @@ padded, in any row, on any rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Optional
 
 import torch
 
 from ..diffusion.corruption import apply_mask, block_diffusion_inputs, cart_weights
 from ..diffusion.noise import sample_time
+from ..diffusion.uniform import packed_canvas_view, uniform_replace
 from ..models import masks as attn_masks
 from .base import Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View, register_algorithm
 
@@ -41,12 +52,21 @@ class SFTConfig(AlgorithmConfig):
     weighting: Literal["scheduler", "uniform", "cart"] = "scheduler"
     cart_geo_p: float = 0.3
     normalize: Literal["answer_length", "answer_tokens", "masked_tokens"] = "answer_length"
+    # Uniform-noise encoder-decoder models (DiffusionGemma) only:
+    # Also score the answer positions the corruption left clean (NeMo's flat canvas CE). None: yes unless the
+    # weighting is 1/t ("scheduler": the uniform-noise ELBO scores the corrupted positions only).
+    score_clean: Optional[bool] = None
+    encoder_loss_weight: float = 1.0  # weight of the encoder's autoregressive cross-entropy
+    self_conditioning_p: float = 0.5  # probability that a row is denoised twice, the second pass self-conditioned
 
     def __post_init__(self):
         if not 0.0 <= self.t_min < self.t_max <= 1.0:
             raise ValueError(f"need 0 <= t_min < t_max <= 1, got t_min={self.t_min}, t_max={self.t_max}")
         if not 0.0 < self.cart_geo_p < 1.0:
             raise ValueError(f"cart_geo_p must be in (0, 1), got {self.cart_geo_p}")
+        if self.encoder_loss_weight < 0 or not 0.0 <= self.self_conditioning_p <= 1.0:
+            raise ValueError(f"need encoder_loss_weight >= 0 and 0 <= self_conditioning_p <= 1, got "
+                             f"{self.encoder_loss_weight}, {self.self_conditioning_p}")
 
 
 def doc_segments(doc_uid_row: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -67,7 +87,7 @@ class SFT(Algorithm):
     """Masked-token cross-entropy / t on the answer (block NELBO over [x_t ; x_0] on block models)."""
     name = "sft"
     config_class = SFTConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
     data_kind = "sft"
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
@@ -77,12 +97,19 @@ class SFT(Algorithm):
         weight = torch.zeros(ids.shape, dtype=torch.float32)
         t_tok = torch.ones(ids.shape, dtype=torch.float32)
         answer_cpu = answer.bool().cpu()
+        uniform = ctx.adapter.noise == "uniform"
+        noisy = ids.cpu().clone()
         for r in range(ids.shape[0]):
             for uid, s, e in doc_segments(docs[r].cpu()):
                 g = ctx.generator(iteration, uid, 0)
                 t = sample_time(g, cfg.t_min, cfg.t_max, cfg.eps)
                 ans = answer_cpu[r, s:e]
                 m = (torch.rand(e - s, generator=g) < t) & ans
+                if uniform:  # the doc's random tokens, from its own generator (the same packed or padded)
+                    noisy[r:r + 1, s:e] = uniform_replace(noisy[r:r + 1, s:e], m[None], ctx.adapter.vocab_size,
+                                                          [ctx.generator(iteration, uid, "uniform")])
+                    score_clean = cfg.weighting != "scheduler" if cfg.score_clean is None else cfg.score_clean
+                    m = ans if score_clean else m  # scored positions
                 masked[r, s:e] = m
                 t_tok[r, s:e] = t
                 if cfg.weighting == "scheduler":
@@ -96,6 +123,8 @@ class SFT(Algorithm):
                 weight[r, s:e] = w * m
         dev = ids.device
         masked, weight = masked.to(dev), weight.to(dev)
+        if ctx.adapter.is_encoder_decoder:
+            return [self._canvas_view(ctx, batch, iteration, noisy.to(dev), weight, t_tok.to(dev))]
         noisy = apply_mask(ids, masked, ctx.adapter.mask_token_id)
         if ctx.adapter.is_block_causal:
             input_ids, layout = block_diffusion_inputs(noisy, ids, pos)
@@ -104,17 +133,38 @@ class SFT(Algorithm):
             layout = attn_masks.TokenLayout.plain(pos, doc=attn_masks.doc_ids_from_positions(pos))
         return [View(input_ids, masked, ids, weight, layout=layout, info={"t": t_tok.to(dev)})]
 
+    def _canvas_view(self, ctx: StepContext, batch: Batch, iteration: int, noisy, weight, t_tok) -> View:
+        """The encoder / canvas view of packed rows (uniform-noise encoder-decoder models)."""
+        cfg = self.config
+        flags = torch.tensor([bool(torch.rand((), generator=ctx.generator(iteration, int(u), "self_cond")) < cfg.self_conditioning_p)
+                              for u in batch["uid"].tolist()], device=noisy.device)
+        ids, pos, docs, answer = batch["input_ids"], batch["position_ids"], batch["doc_uid"], batch["answer_mask"].bool()
+        input_ids, targets, labels, w, layout = packed_canvas_view(ids, pos, docs, answer, noisy, weight, ctx.adapter.block_size,
+                                                                   flags if cfg.self_conditioning_p > 0 else None)
+        return View(input_ids, targets, labels, w, layout=layout, info={"t": t_tok, "self_conditioned": flags.float()})
+
     def normalizers(self, batch: Batch) -> dict[str, float]:
         docs = batch["doc_uid"]
         n_docs = sum(len(doc_segments(docs[r].cpu())) for r in range(docs.shape[0]))
         out = {"docs": float(n_docs), "answer_tokens": float(batch["answer_mask"].sum()), "samples": float(batch.size)}
         if "views" in batch:
-            out["masked_tokens"] = float(sum(v.targets.sum() for v in batch["views"][0]))
+            views = batch["views"][0]
+            enc = [getattr(v.layout, "enc_len", 0) for v in views]
+            out["masked_tokens"] = float(sum(v.targets[:, n:].sum() for v, n in zip(views, enc)))
+            out["ar_tokens"] = float(sum(v.targets[:, :n].sum() for v, n in zip(views, enc)))
         return out
 
     def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
         key = {"answer_length": "docs", "answer_tokens": "answer_tokens", "masked_tokens": "masked_tokens"}[self.config.normalize]
-        loss = -current.value.sum() / max(ctx.norms[key], 1.0)
-        targets = batch["views"][iteration][0].targets
+        view = batch["views"][iteration][0]
+        n_enc = getattr(view.layout, "enc_len", 0)  # encoder-decoder: the first n_enc columns are the encoder's AR rows
+        value = current.value
+        diffusion = -value[:, n_enc:].sum() / max(ctx.norms[key], 1.0)
+        loss = diffusion
+        targets = view.targets[:, n_enc:]
         metrics = {"masked_frac": float(targets.sum()) / max(ctx.norms["answer_tokens"], 1.0)}
+        if n_enc:
+            ar = -value[:, :n_enc].sum() / max(ctx.norms.get("ar_tokens", 0.0), 1.0)
+            loss = diffusion + self.config.encoder_loss_weight * ar
+            metrics.update({"diffusion_loss": float(diffusion.detach()), "ar_loss": float(ar.detach())})
         return loss, metrics

@@ -24,7 +24,10 @@ positions, so the first completion block may share the prompt's tail; ``block_le
 semi-autoregressive block). The masks are drawn the same way over x_t and every view is scored over the
 ``[x_t ; x_0]`` layout: each masked token of block b is predicted from x_t's block b and the clean blocks before it,
 so b* is scored exactly as the block sampler meets it (clean prefix, partly masked block) and every later block by
-d1's block estimate. ELBO and EUBO are the same per-token functions of those log-probs. The masked prompt is the
+d1's block estimate. ELBO and EUBO are the same per-token functions of those log-probs. Uniform-noise models
+(DiffusionGemma): the blocks are the canvases (``adapter.block_size`` from the completion start), corrupted positions
+hold uniform random tokens; the ELBO and EUBO are bounds over the corruption indicators, so they keep their form
+(docs/algorithms/uniform_noise.md). The masked prompt is the
 condition of every block (both halves); the p-masked tokens of earlier blocks are masked (and scored) in x_t only,
 since the block NELBO conditions on the clean prefix.
 """
@@ -36,7 +39,6 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..diffusion.corruption import apply_mask
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .d1 import completion_view
@@ -111,12 +113,13 @@ def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
     block_size = ctx.adapter.block_size if ctx.adapter.is_block_causal else None
     if ctx.adapter.is_block_causal and not block_size:
         raise ValueError("spg on a block-diffusion model needs the model's block size (model.adapter.block_size)")
+    block_length = ctx.adapter.block_size if ctx.adapter.is_encoder_decoder else cfg.block_length  # canvases
     out = [(torch.zeros_like(prompt_real), torch.zeros(B, Lc, dtype=torch.bool), torch.full((B,), -1, dtype=torch.long))
            for _ in range(cfg.num_t)]
     idx = torch.arange(Lc)
     for i, uid in enumerate(batch["uid"].tolist()):
         L = int(valid[i].sum())
-        spans = block_spans(L, cfg.block_length, int(prompt_real[i].sum()), block_size)
+        spans = block_spans(L, block_length, int(prompt_real[i].sum()), block_size)
         n_blocks = len(spans)
         # Distinct blocks for the draws while num_t <= n_blocks (the reference permutes the blocks too).
         block_order = torch.randperm(n_blocks, generator=ctx.generator(iteration, uid, "spg_blocks"))
@@ -171,7 +174,7 @@ class SPG(GRPOAlgorithm):
         source="facebookresearch/SPG spg/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft); spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch (NUM_ITER=4, --temperature 0.3, --eubo_beta 1.0)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 4, "eubo_beta": 1.0}}})
     config_class = SPGConfig
-    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
     @property
     def needs_old_logp(self) -> bool:
@@ -187,14 +190,15 @@ class SPG(GRPOAlgorithm):
 
     def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         self.check_model(ctx.adapter)
-        mask_id = ctx.adapter.mask_token_id
         prompt, comp, valid = batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"].bool()
+        uid = batch["uid"]
         views = []
-        for pm, cm, block in spg_masks(ctx, self.config, batch, iteration):
+        for j, (pm, cm, block) in enumerate(spg_masks(ctx, self.config, batch, iteration)):
             scored = cm & valid
             t_hat = scored.sum(-1).float() / valid.sum(-1).clamp_min(1).float()
-            views.append(completion_view(ctx, batch, apply_mask(comp, cm, mask_id), scored,
-                                         prompt_input=apply_mask(prompt, pm, mask_id),
+            views.append(completion_view(ctx, batch, ctx.corrupt(comp, cm, uid, iteration, j, "completion"), scored,
+                                         prompt_input=ctx.corrupt(prompt, pm, uid, iteration, j, "prompt",
+                                                                  valid=batch["prompt_mask"]),
                                          info={"block": block, "t_hat": t_hat, "prompt_masked": pm}))
         return views
 

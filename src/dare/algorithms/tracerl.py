@@ -180,6 +180,10 @@ class ReplayAlgorithm(GRPOAlgorithm):
     KL`` with per-method token weights (``token_weights``). Subclasses set ``supports`` and the weights."""
     config_class = ReplayConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
+    undefined: ClassVar[dict[str, str]] = {
+        "encoder_decoder": "it replays the rollout's trace (each token scored at the step that decoded it); the canvas "
+                           "sampler (uniform noise) writes no token at a step: every pass re-noises the positions it "
+                           "does not accept and a canvas's tokens are its last pass's argmax"}
 
     # --- what the loop prepares ---------------------------------------------------------------------
     @property

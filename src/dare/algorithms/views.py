@@ -2,7 +2,9 @@
 
 Prompts are left-padded, completions right-padded; padding is masked out of attention and positions restart after
 left padding, so a sample's log-probs do not depend on how much padding its batch needs. ``block_layout=True``
-builds the block-diffusion ``[x_t ; x_0]`` input (for ELBOs on block models: noisy block b sees clean blocks < b).
+builds the block-diffusion ``[x_t ; x_0]`` input (for ELBOs on block models: noisy block b sees clean blocks < b);
+``canvas_length=C`` the encoder-decoder input ``[prompt ; clean completion ; canvas]`` (DiffusionGemma: the encoder
+reads the prompt and the clean blocks, canvas block b sees the prompt and the clean blocks < b).
 """
 from __future__ import annotations
 
@@ -11,13 +13,21 @@ from typing import Optional
 import torch
 
 from ..models import masks as attn_masks
+from ..models.canvas import completion_layout, encoded_completion_len
 from .base import View
+
+
+def layout_kwargs(adapter) -> dict:
+    """How the model family's views are laid out (the ``prompt_completion_view`` keywords)."""
+    return {"block_layout": adapter.is_block_causal,
+            "canvas_length": adapter.block_size if adapter.is_encoder_decoder else None}
 
 
 def prompt_completion_view(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                            completion_input: torch.Tensor, targets: torch.Tensor, *,
                            completion_valid: Optional[torch.Tensor] = None, prompt_input: Optional[torch.Tensor] = None,
-                           weight: Optional[torch.Tensor] = None, block_layout: bool = False, info=None) -> View:
+                           weight: Optional[torch.Tensor] = None, block_layout: bool = False,
+                           canvas_length: Optional[int] = None, info=None) -> View:
     """One view whose K slots are the completion positions.
 
     ``completion_input [B, Lc]`` is the (corrupted) completion, ``targets [B, Lc]`` the scored positions,
@@ -35,6 +45,15 @@ def prompt_completion_view(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
     full_weight = None
     if weight is not None:
         full_weight = torch.cat([torch.zeros(B, P, dtype=weight.dtype, device=dev), weight], dim=1)
+    if canvas_length:
+        E = encoded_completion_len(Lc, canvas_length)
+        layout = completion_layout(prompt_mask, Lc, canvas_length, E, cvalid)
+        zeros = torch.zeros(B, P + E, dtype=torch.bool, device=dev)
+        ids = torch.cat([prompt_ids if prompt_input is None else prompt_input, completion_ids[:, :E], completion_input], 1)
+        full_weight = None if weight is None else torch.cat([zeros.to(weight.dtype), weight], 1)
+        index = (P + E + torch.arange(Lc, device=dev)).expand(B, Lc).contiguous()
+        return View(ids, torch.cat([zeros, targets.bool() & cvalid], 1), torch.cat([prompt_ids, completion_ids[:, :E], completion_ids], 1),
+                    full_weight, layout=layout, score_index=index, info=dict(info or {}))
     index = (P + torch.arange(Lc, device=dev)).expand(B, Lc).contiguous()
     if block_layout:
         pos = attn_masks.positions_from_padding(valid)

@@ -109,10 +109,11 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
 
 
 def sampler_for_model(sampler, model, enabled: bool):
-    """Block-diffusion models decode with the block size they were trained with (SDAR 4, LLaDA2 32)."""
+    """Block-diffusion models decode with the block size they were trained with (SDAR 4, LLaDA2 32), encoder-decoder
+    models with their canvas length (DiffusionGemma 256)."""
     import dataclasses
 
-    bs = model.adapter.block_size if model.adapter.is_block_causal else None
+    bs = model.adapter.block_size if model.adapter.is_block_causal or model.adapter.is_encoder_decoder else None
     if not enabled or not bs or bs == sampler.block_length:
         return sampler
     if sampler.gen_length % bs:

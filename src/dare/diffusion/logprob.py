@@ -16,11 +16,17 @@ import torch.nn.functional as F
 DEFAULT_CHUNK = 1024
 
 
+def _capped(logits: torch.Tensor, softcap: float) -> torch.Tensor:
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
 class _LinearLogProb(torch.autograd.Function):
-    """log p(label | h) = (h W^T / T)[label] - logsumexp(h W^T / T), chunked over rows; fp32 softmax."""
+    """log p(label | h) = (z / T)[label] - logsumexp(z / T) with z = cap(h W^T), chunked over rows; fp32 softmax.
+
+    ``cap`` is Gemma's final soft-capping ``c tanh(x / c)`` (``softcap`` c, 0 = none)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk: int, temperature: float, want_entropy: bool):
+    def forward(ctx, hidden, weight, labels, chunk: int, temperature: float, want_entropy: bool, softcap: float = 0.0):
         ctx.weight_dtype = weight.dtype
         weight = weight.to(hidden.dtype)  # bf16 hidden states under autocast / mixed precision: matmul in their dtype
         n = hidden.shape[0]
@@ -29,7 +35,7 @@ class _LinearLogProb(torch.autograd.Function):
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if want_entropy else None
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            logits = F.linear(hidden[s:e], weight).float()
+            logits = _capped(F.linear(hidden[s:e], weight).float(), softcap)
             if temperature != 1.0:
                 logits = logits / temperature
             lse_c = torch.logsumexp(logits, dim=-1)
@@ -39,7 +45,7 @@ class _LinearLogProb(torch.autograd.Function):
                 logprobs = logits - lse_c[:, None]  # -sum p log p, not lse - sum p z: no cancellation
                 entropy[s:e] = -(logprobs.exp() * logprobs).sum(-1)
         ctx.save_for_backward(hidden, weight, labels, lse)
-        ctx.chunk, ctx.temperature = chunk, temperature
+        ctx.chunk, ctx.temperature, ctx.softcap = chunk, temperature, softcap
         if entropy is not None:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -47,32 +53,34 @@ class _LinearLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
         hidden, weight, labels, lse = ctx.saved_tensors
-        chunk, temp = ctx.chunk, ctx.temperature
+        chunk, temp, cap = ctx.chunk, ctx.temperature, ctx.softcap
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         n = hidden.shape[0]
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
-            logits = F.linear(hidden[s:e], weight).float()
-            if temp != 1.0:
-                logits = logits / temp
+            capped = _capped(F.linear(hidden[s:e], weight).float(), cap)
+            logits = capped / temp if temp != 1.0 else capped
             g = grad_logp[s:e].float()
-            # d logp / d logits = onehot(label) - softmax; chain through 1/T.
+            # d logp / d logits = onehot(label) - softmax; chain through 1/T and the cap (1 - tanh^2).
             grad_logits = torch.exp(logits - lse[s:e, None]).mul_(-g[:, None])
             grad_logits.scatter_add_(1, labels[s:e, None], g[:, None])
             if temp != 1.0:
                 grad_logits.div_(temp)
+            if cap:
+                grad_logits.mul_(1.0 - (capped / cap) ** 2)
             if need_h:
                 grad_h[s:e] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:
                 grad_w.addmm_(grad_logits.t(), hidden[s:e].float())
-        return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None, None
 
 
 def linear_log_prob(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: Optional[int] = DEFAULT_CHUNK,
-                    temperature: float = 1.0, with_entropy: bool = False):
-    """fp32 ``log softmax(hidden @ weight.T / temperature)[labels]`` for rows ``hidden [N, H]``.
+                    temperature: float = 1.0, with_entropy: bool = False, softcap: Optional[float] = None):
+    """fp32 ``log softmax(cap(hidden @ weight.T) / temperature)[labels]`` for rows ``hidden [N, H]`` (``softcap``: the
+    logits are ``c tanh(x / c)``, Gemma's final soft-capping; None = raw logits).
 
     Returns ``(logp [N], entropy [N] or None)``; the entropy is a detached diagnostic. ``chunk_size=None``
     processes all rows at once (the dense baseline the benchmarks compare against).
@@ -83,7 +91,8 @@ def linear_log_prob(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
         empty = hidden.float().sum(-1) * 0.0 + weight.float().sum() * 0.0
         return empty, (empty.detach() if with_entropy else None)
     chunk = int(chunk_size or hidden.shape[0])
-    return _LinearLogProb.apply(hidden, weight, labels.long(), chunk, float(temperature), bool(with_entropy))
+    return _LinearLogProb.apply(hidden, weight, labels.long(), chunk, float(temperature), bool(with_entropy),
+                                float(softcap or 0.0))
 
 
 def score_targets(model, input_ids: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor, *,
@@ -100,7 +109,8 @@ def score_targets(model, input_ids: torch.Tensor, targets: torch.Tensor, labels:
     hidden = out.hidden_states
     b, col = targets.nonzero(as_tuple=True)
     rows = model.adapter.prediction_rows(col)
-    logp, ent = linear_log_prob(hidden[b, rows], model.lm_head.weight, labels[b, col], chunk_size, temperature, with_entropy)
+    logp, ent = linear_log_prob(hidden[b, rows], model.lm_head.weight, labels[b, col], chunk_size, temperature, with_entropy,
+                                softcap=model.adapter.logit_softcap)
     dense = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     dense = dense.index_put((b, col), logp)
     dense_ent = None

@@ -11,6 +11,9 @@ sample count that is a multiple of ``L`` visits every ``l`` equally often. Dream
 through ``model.adapter.prediction_rows``. Block-diffusion models (SDAR, LLaDA2) are scored with their
 training layout ``[x_t ; x_0]``, so each noisy block conditions on the clean earlier blocks: the block NELBO.
 (With one shared ``l`` per row the estimator equals the sum of the per-block bounds; see docs/eval.md.)
+Uniform-noise encoder-decoder models (DiffusionGemma) use the same estimator with the chosen tokens replaced by
+uniform random tokens, the context in the encoder and the continuation as canvases: the indicator ELBO of
+docs/algorithms/uniform_noise.md.
 """
 from __future__ import annotations
 
@@ -31,6 +34,25 @@ def stratified_counts(length: int, n: int, gen: torch.Generator) -> torch.Tensor
     # uniform over 1..L whenever n is a multiple of L.
     offsets = torch.div(torch.arange(n) * length, n, rounding_mode="floor")
     return ((k + offsets) % length) + 1
+
+
+def _score_canvas_rows(model, seq: torch.Tensor, masked: torch.Tensor, P: int, gen: torch.Generator) -> torch.Tensor:
+    """Encoder-decoder models: ``seq[:, :P]`` is encoded, ``seq[:, P:]`` is the canvas with its ``masked`` positions
+    replaced by uniform random tokens; the canvas blocks see the clean blocks before them."""
+    from ..diffusion.uniform import uniform_replace
+    from ..models.canvas import completion_layout, encoded_completion_len
+    device = model.device
+    b, L = seq.shape[0], seq.shape[1] - P
+    C = model.adapter.block_size
+    E = encoded_completion_len(L, C)
+    cont = seq[:, P:]
+    noisy = uniform_replace(cont, masked[:, P:], model.adapter.vocab_size, [gen] * b)
+    inputs = torch.cat([seq[:, :P + E], noisy], 1).to(device)
+    layout = completion_layout(torch.ones(b, P, dtype=torch.bool, device=device), L, C, E)
+    targets = torch.cat([torch.zeros(b, P + E, dtype=torch.bool), masked[:, P:]], 1).to(device)
+    labels = torch.cat([seq[:, :P + E], cont], 1).to(device)
+    logp, _ = score_targets(model, inputs, targets, labels, layout=layout)
+    return logp.sum(dim=1)
 
 
 def _score_rows(model, seq: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
@@ -56,6 +78,8 @@ def elbo_loglikelihood(model, context: Sequence[int], continuation: Sequence[int
         return 0.0
     if model.adapter.shift_logits and P == 0:
         raise ValueError("a shifted-logit model (Dream) needs at least one context token (e.g. BOS) to score position 0")
+    if model.adapter.is_encoder_decoder and P == 0:
+        raise ValueError(f"{model.family} encodes the context before denoising: give at least one context token (e.g. BOS)")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     seq = torch.tensor(list(context) + list(continuation), dtype=torch.long)
     counts = stratified_counts(L, mc_num, gen)
@@ -65,7 +89,10 @@ def elbo_loglikelihood(model, context: Sequence[int], continuation: Sequence[int
         masked = torch.zeros(len(chunk), P + L, dtype=torch.bool)
         for r, l in enumerate(chunk.tolist()):
             masked[r, P:] = exact_count_mask(L, l, gen)
-        rows = _score_rows(model, seq.expand(len(chunk), -1), masked).double().cpu()
+        if model.adapter.is_encoder_decoder:
+            rows = _score_canvas_rows(model, seq.expand(len(chunk), -1), masked, P, gen).double().cpu()
+        else:
+            rows = _score_rows(model, seq.expand(len(chunk), -1), masked).double().cpu()
         total += float((rows * (L / chunk.double())).sum())
     return total / mc_num
 
@@ -80,6 +107,9 @@ def greedy_matches(model, context: Sequence[int], continuation: Sequence[int]) -
     P, L = len(context), len(continuation)
     if L == 0:
         return True
+    if model.adapter.is_encoder_decoder:
+        raise ValueError(f"greedy_matches replays masked decoding; {model.family} decodes canvases from uniform noise "
+                         f"(use greedy_check=False)")
     device = model.device
     x = torch.tensor([list(context) + [model.adapter.mask_token_id] * L], dtype=torch.long, device=device)
     target = torch.tensor(list(continuation), dtype=torch.long, device=device)

@@ -113,7 +113,8 @@ class DareLM(LM):
                 ctx = ctx[-max(1, self.max_length - len(cont)):]
             ll = elbo_loglikelihood(self.model, ctx, cont, mc_num=self.mc_num, batch_size=self.mc_batch_size,
                                     generator=self._gen("ll", context, continuation))
-            greedy = greedy_matches(self.model, ctx, cont) if self.greedy_check else False
+            # The greedy replay is masked decoding: uniform-noise canvas models report False, as greedy_check=False.
+            greedy = greedy_matches(self.model, ctx, cont) if self.greedy_check and not self.model.adapter.is_encoder_decoder else False
             out.append((ll, bool(greedy)))
             self.cache_hook.add_partial("loglikelihood", (context, continuation), (ll, bool(greedy)))
         return out

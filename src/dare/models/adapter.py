@@ -1,7 +1,8 @@
 """What the samplers and trainers need to know about a model family, in one object.
 
 The rollout engine and the training loop never branch on a family name: they ask the adapter for the
-mask token, the stop tokens, whether logits are shifted, and how attention is masked.
+mask token, the stop tokens, whether logits are shifted, how attention is masked and how the family corrupts
+(``noise``: the absorbing mask token of masked diffusion, or DiffusionGemma's uniform random tokens).
 """
 from __future__ import annotations
 
@@ -22,20 +23,34 @@ class FamilyAdapter:
     bos_token_id: Optional[int] = None
     # Dream is AR-initialised: the prediction for position i is the logit row i-1.
     shift_logits: bool = False
-    attention: Literal["bidirectional", "block_causal"] = "bidirectional"
-    # Block-causal models: the block size the checkpoint was trained with (SDAR config key; LLaDA2 default 32).
+    # "encoder_decoder" (DiffusionGemma): a causal encoder reads the clean context into a KV cache, a bidirectional
+    # decoder denoises one canvas (block) at a time reading it; see dare/models/canvas.py.
+    attention: Literal["bidirectional", "block_causal", "encoder_decoder"] = "bidirectional"
+    # Block-causal models: the block size the checkpoint was trained with (SDAR config key; LLaDA2 default 32);
+    # encoder-decoder models: the canvas length.
     block_size: Optional[int] = None
     # Extra stop tokens (e.g. <|im_end|> / <|eot_id|> of chat checkpoints).
     stop_token_ids: list[int] = field(default_factory=list)
+    # "mask": corrupted positions hold ``mask_token_id``; "uniform": they hold uniform random tokens of
+    # ``[0, vocab_size)`` and the family has no mask token (``mask_token_id`` is -1).
+    noise: Literal["mask", "uniform"] = "mask"
+    vocab_size: Optional[int] = None
+    # Logits are ``c * tanh(z / c)`` of the LM head's output (Gemma's final soft-capping); None = raw.
+    logit_softcap: Optional[float] = None
 
     @property
     def is_block_causal(self) -> bool:
         return self.attention == "block_causal"
 
     @property
+    def is_encoder_decoder(self) -> bool:
+        return self.attention == "encoder_decoder"
+
+    @property
     def cache_kinds(self) -> tuple[str, ...]:
-        # Approximate Fast-dLLM caches only make sense for bidirectional models; block models have an exact one.
-        return ("none", "block") if self.is_block_causal else ("none", "prefix", "dual")
+        # Approximate Fast-dLLM caches only make sense for bidirectional models; block models have an exact one
+        # (encoder-decoder: "block" reuses the encoder cache across canvases, "none" re-encodes the context per canvas).
+        return ("none", "block") if self.is_block_causal or self.is_encoder_decoder else ("none", "prefix", "dual")
 
     @property
     def attn_block_size(self) -> Optional[int]:

@@ -158,15 +158,9 @@ def resolve_mask_token_id(cfg: dict, folder: Optional[Path], family: Family, exp
 
 
 def build_model(family: Family, cfg: dict, mask_token_id: int, dtype=torch.float32, device=None,
-                attn_backend: str = "auto", init: bool = True) -> DiffusionLM:
+                attn_backend: str = "auto", init: bool = True):
     """A model of ``family`` from a config dict; ``init=False`` builds on the meta device (for loading)."""
-    arch = family.arch(cfg)
-    adapter = family.adapter(cfg, mask_token_id)
-    if init:
-        model = DiffusionLM(arch, adapter, cfg, family.name, attn_backend)
-        return model.to(dtype=dtype, device=device)
-    with torch.device("meta"):
-        return DiffusionLM(arch, adapter, cfg, family.name, attn_backend)
+    return family.build(cfg, mask_token_id, dtype=dtype, device=device, attn_backend=attn_backend, init=init)
 
 
 def load_state_dict_checked(model: DiffusionLM, state: dict[str, torch.Tensor], dtype: torch.dtype, where: str) -> None:
@@ -199,10 +193,9 @@ def load_model(path_or_id, dtype=None, device=None, attn_backend: str = "auto", 
     folder = resolve_path(path_or_id)
     cfg = read_config(folder)
     family = detect_family(cfg)
-    mask_id = resolve_mask_token_id(cfg, folder, family, mask_token_id)
+    mask_id = resolve_mask_token_id(cfg, folder, family, mask_token_id) if family.uses_mask_token else -1
     dtype = parse_dtype(dtype) or parse_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-    model = build_model(family, cfg, mask_id, attn_backend=attn_backend, init=False)
-    load_state_dict_checked(model, read_state_dict(folder, family), dtype, str(folder))
+    model = family.load(folder, cfg, mask_id, dtype, attn_backend)
     model.name_or_path = str(path_or_id)
     model.eval()
     return model.to(device) if device is not None else model

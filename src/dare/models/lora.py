@@ -3,14 +3,15 @@
 The native modules use the familiar names (``q_proj`` ... ``down_proj``, LLaDA2's fused ``qkv_proj``; MoE experts
 are ``mlp.experts.N.{gate,up,down}_proj``), so one target list covers every family. Adapters are injected in
 place (``peft.inject_adapter_in_model``): the model stays a ``DiffusionLM`` with its ``adapter`` and API, and only
-the LoRA weights are trainable. LoRA-A is re-initialised from an explicit generator so runs reproduce from their
+the LoRA weights are trainable. A model whose modules are shared between two paths (DiffusionGemma's encoder and
+decoder) re-points them after any module swap (``model.retie()``), so both modes use the same adapters. LoRA-A is re-initialised from an explicit generator so runs reproduce from their
 seed without touching the global RNG.
 """
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -29,9 +30,13 @@ def has_lora(model: torch.nn.Module) -> bool:
         return False
 
 
-def target_regex(targets: Iterable[str] = DEFAULT_TARGETS, include_experts: bool = True) -> str:
+def target_regex(targets: Iterable[str] = DEFAULT_TARGETS, include_experts: bool = True, exclude: Optional[str] = None) -> str:
+    """Module-name regex of the LoRA targets; ``exclude`` (a regex) keeps matching modules out (a model's
+    ``lora_exclude``: DiffusionGemma's unused vision tower)."""
     names = "|".join(sorted(set(targets)))
     prefix = "" if include_experts else r"(?!.*\.experts\.)"
+    if exclude:
+        prefix += rf"(?!.*(?:{exclude}))"
     return rf"^{prefix}.*\.({names})$"
 
 
@@ -42,12 +47,14 @@ def apply_lora(model: torch.nn.Module, r: int = 8, alpha: float = 16.0, dropout:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:
         raise ImportError("LoRA needs the peft package: pip install 'dare[lora]'") from e
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_regex(targets, include_experts))
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                     target_modules=target_regex(targets, include_experts, getattr(model, "lora_exclude", None)))
     try:
         inject_adapter_in_model(cfg, model)
     except ValueError as e:  # peft: "Target modules ... not found in the base model"
         raise ValueError(f"lora.target_modules {sorted(set(targets))} matched no module of this {getattr(model, 'family', '')} "
                          f"model: {e}") from e
+    _retie(model)
     gen = torch.Generator().manual_seed(seed)
     for name, layer in _tuner_layers(model):
         for a in layer.lora_A.values():
@@ -85,7 +92,15 @@ def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, layer.get_base_layer())
+    _retie(model)
     return model
+
+
+def _retie(model: torch.nn.Module) -> None:
+    """peft swaps a shared module under the first name it is listed by; point the other paths at the new one."""
+    retie = getattr(model, "retie", None)
+    if retie is not None:
+        retie()
 
 
 def lora_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -5,6 +5,7 @@ The config is the family's published config.json with the sizes shrunk, so ``sav
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import torch
@@ -15,7 +16,8 @@ from .loading import build_model
 from .model import DiffusionLM
 
 FAMILY_ALIASES = {"lladamoe": "llada_moe", "llada-moe": "llada_moe", "llada2": "llada2_moe", "sdarmoe": "sdar_moe",
-                  "sdar-moe": "sdar_moe", "llada2.1": "llada2_moe", "llada21": "llada2_moe"}
+                  "sdar-moe": "sdar_moe", "llada2.1": "llada2_moe", "llada21": "llada2_moe",
+                  "diffusiongemma": "diffusion_gemma", "diffusion-gemma": "diffusion_gemma", "gemma": "diffusion_gemma"}
 
 
 def canonical_family(name: str) -> str:
@@ -25,10 +27,11 @@ def canonical_family(name: str) -> str:
 def tiny_config(family: str, tokenizer=None, **overrides) -> tuple[dict, int]:
     """(config dict in the family's real layout, mask token id)."""
     fam = get_family(canonical_family(family))
-    cfg = fam.tiny_config()
-    mask_id = cfg.get("mask_token_id", 500)
+    top = fam.tiny_config()
+    cfg = fam.config_section(top)  # sizes and token ids live here (a nested text_config for multimodal layouts)
+    mask_id = cfg.get("mask_token_id", 500) if fam.uses_mask_token else -1
     if tokenizer is not None:
-        mask_id = tokenizer.mask_token_id
+        mask_id = tokenizer.mask_token_id if fam.uses_mask_token else -1
         ids = {"mask_token_id": mask_id, "eos_token_id": tokenizer.eos_token_id,
                "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id}
         for key, value in ids.items():
@@ -62,12 +65,13 @@ def tiny_config(family: str, tokenizer=None, **overrides) -> tuple[dict, int]:
         cfg["head_dim"] = hidden // heads
         if "rotary_dim" in cfg:
             cfg["rotary_dim"] = int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0))
-    return cfg, mask_id
+    return top, mask_id
 
 
 def init_weights(model: nn.Module, std: float = 0.02, generator: Optional[torch.Generator] = None) -> None:
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+        # Norm weights and multiplicative scales (Gemma's router scale / per-expert scale) start at one.
+        if re.search(r"norm(_\d+)?\.weight$", name) or name.endswith("scale"):
             nn.init.ones_(p)
         elif p.dim() == 1:  # biases
             nn.init.zeros_(p)
@@ -77,7 +81,8 @@ def init_weights(model: nn.Module, std: float = 0.02, generator: Optional[torch.
 
 
 def tiny(family: str = "llada", tokenizer=None, seed: int = 0, dtype=torch.float32, std: float = 0.02, **overrides) -> DiffusionLM:
-    """A randomly initialised tiny model of ``family`` (llada, llada_moe, dream, sdar, sdar_moe, llada2_moe).
+    """A randomly initialised tiny model of ``family`` (llada, llada_moe, dream, sdar, sdar_moe, llada2_moe,
+    diffusion_gemma).
 
     Sizes can be overridden by generic names (``hidden_size``, ``num_layers``, ``num_heads``, ``num_kv_heads``,
     ``intermediate_size``, ``vocab_size``) or by any key of the family's config.json. Passing ``tokenizer``

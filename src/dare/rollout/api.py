@@ -2,7 +2,8 @@
 
 ``generate(model, prompts, config, generator=None, n=1, seeds=None) -> Rollout`` decodes ``n`` samples of
 every prompt together. The sampler is chosen from the model's adapter (block-causal attention -> block
-diffusion, otherwise masked diffusion), never from a family name.
+diffusion, encoder-decoder -> the uniform-noise canvas sampler, otherwise masked diffusion), never from a family
+name.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Optional, Sequence
 import torch
 
 from .block import block_schedule, build_block_state, run_block
+from .canvas import build_canvas_state, check_canvas_config, run_canvas
 from .config import SamplerConfig
-from .masked import build_masked_state, masked_blocks, run_masked
+from .masked import build_masked_state, masked_blocks, masked_steps, run_masked
 from .selection import REMASKINGS
 from .state import DecodeState, PromptBatch, PromptsLike, expand_prompts, make_prompt_batch, make_stop_ids, sample_generators
 
@@ -84,9 +86,12 @@ def check_config(model, config: SamplerConfig) -> None:
     """Errors for settings the model cannot use (naming the parameter)."""
     adapter = model.adapter
     if config.cache not in adapter.cache_kinds:
-        kind = "block-causal" if adapter.is_block_causal else "bidirectional"
+        kind = adapter.attention.replace("_", "-")
         raise ValueError(f"cache={config.cache!r} cannot be used with {adapter.family} ({kind} attention); "
                          f"use one of {', '.join(adapter.cache_kinds)}")
+    if adapter.is_encoder_decoder:
+        check_canvas_config(config)
+        return
     remask = REMASKINGS[config.remasking]
     if config.eoser and not remask.prob_like:
         raise ValueError(f"eoser scales probability-like confidences; remasking={config.remasking!r} is not one")
@@ -104,12 +109,16 @@ def check_config(model, config: SamplerConfig) -> None:
         masked_blocks(config)
 
 
-def _needs_random(config: SamplerConfig) -> bool:
-    return config.temperature > 0 or config.remasking in ("random", "origin") or bool(config.alg_temp)
+def _needs_random(config: SamplerConfig, adapter) -> bool:
+    # Uniform-noise canvases start from (and re-noise with) random tokens whatever the temperature.
+    return (config.temperature > 0 or config.remasking in ("random", "origin") or bool(config.alg_temp)
+            or adapter.noise == "uniform")
 
 
 def steps_per_block(model, config: SamplerConfig) -> int:
     """Denoising steps of one block in the sampler's schedule (a schedule step s is block s // it, step s % it)."""
+    if model.adapter.is_encoder_decoder:  # the canvas sampler's passes stop adaptively: no fixed schedule to pause in
+        raise ValueError(f"pausing (until_step) is not supported by the canvas sampler of {model.adapter.family}")
     if model.adapter.is_block_causal:
         return int(block_schedule(config).numel())
     if config.ass_blocks > 1:  # CJ-GRPO's variable-size ASS blocks have no single steps-per-block
@@ -159,7 +168,7 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
         raise ValueError(f"prompt(s) {bad} contain the mask token id {adapter.mask_token_id}")
     num_prompts = batch.ids.shape[0]
     batch, prompt_index = expand_prompts(batch, n)
-    gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config) else (None, None))
+    gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config, adapter) else (None, None))
     return _decode(model, config, batch, prompt_index, n, gens, sample_seeds, pause)
 
 
@@ -186,7 +195,7 @@ def resume(model, partial: Rollout, config: Optional[SamplerConfig] = None, n: i
     mask = partial.prompt_mask.bool().to(device)
     rows = PromptBatch(partial.prompt_ids.to(device), mask, mask.long().sum(1))
     batch, row_index = expand_prompts(rows, n)
-    gens, sample_seeds = (sample_generators(rows.ids.shape[0], n, generator, seeds, device) if _needs_random(config)
+    gens, sample_seeds = (sample_generators(rows.ids.shape[0], n, generator, seeds, device) if _needs_random(config, model.adapter)
                           else (None, None))
     return _decode(model, config, batch, partial.prompt_index.to(device)[row_index], n, gens, sample_seeds, pause,
                    (partial, row_index))
@@ -206,7 +215,9 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
             partial=None) -> Rollout:
     adapter = model.adapter
     stop_ids, fill_id, pad_id = _special_ids(adapter, config, batch.ids.device)
-    if adapter.is_block_causal:
+    if adapter.is_encoder_decoder:
+        st = build_canvas_state(batch, config, stop_ids, gens, config.record_trajectory)
+    elif adapter.is_block_causal:
         st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, config.record_trajectory)
     else:
         st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, config.record_trajectory)
@@ -222,7 +233,7 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
     was_training = model.training
     model.eval()
     try:
-        (run_block if adapter.is_block_causal else run_masked)(model, st, config)
+        (run_canvas if adapter.is_encoder_decoder else run_block if adapter.is_block_causal else run_masked)(model, st, config)
     finally:
         model.train(was_training)
     return _assemble(st, batch, prompt_index, n, fill_id, seeds)

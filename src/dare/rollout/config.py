@@ -66,6 +66,18 @@ class SamplerConfig:
     eoser: bool = False
     eoser_gamma_min: float = 0.01
     eoser_gamma_max: float = 1.0
+    # --- DiffusionGemma's canvas sampler (uniform-noise encoder-decoder models; transformers' parameter names) ----
+    # Each pass accepts the k lowest-entropy positions with sum(entropy) - max(entropy) <= entropy_bound and re-noises
+    # the rest with uniform random tokens; the canvas's tokens are the last pass's argmax.
+    entropy_bound: float = 0.1
+    # Linear temperature schedule t_min + (t_max - t_min) * remaining_steps / steps (t_max at the first pass); unset:
+    # the constant ``temperature`` (0 = greedy denoiser). transformers' generate defaults are 0.4 / 0.8.
+    t_min: Optional[float] = None
+    t_max: Optional[float] = None
+    # Adaptive stop of a canvas: the argmax canvas unchanged for stability_threshold passes and the mean entropy
+    # below confidence_threshold (both set, or neither: every pass runs). transformers' defaults: 1 and 0.005.
+    stability_threshold: Optional[int] = None
+    confidence_threshold: Optional[float] = None
 
     def __post_init__(self):
         if self.gen_length <= 0:
@@ -141,6 +153,21 @@ class SamplerConfig:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs threshold (the mask-to-token threshold)")
         if self.editing_threshold is not None and (self.factor is not None or self.schedule != "even"):
             raise ValueError("editing_threshold (LLaDA2.1 token editing) uses threshold + num_to_transfer; unset factor and schedule")
+        self._check_canvas_fields()
+
+    def _check_canvas_fields(self) -> None:
+        if self.entropy_bound <= 0:
+            raise ValueError(f"entropy_bound must be > 0, got {self.entropy_bound}")
+        if (self.t_min is None) != (self.t_max is None):
+            raise ValueError("set both t_min and t_max (the linear temperature schedule) or neither")
+        if self.t_min is not None and not 0.0 <= self.t_min < self.t_max:
+            raise ValueError(f"need 0 <= t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
+        if (self.stability_threshold is None) != (self.confidence_threshold is None):
+            raise ValueError("set both stability_threshold and confidence_threshold (the adaptive canvas stop) or neither")
+        if self.stability_threshold is not None and self.stability_threshold < 0:
+            raise ValueError(f"stability_threshold must be >= 0, got {self.stability_threshold}")
+        if self.confidence_threshold is not None and self.confidence_threshold <= 0:
+            raise ValueError(f"confidence_threshold must be > 0, got {self.confidence_threshold}")
 
     # --- derived values ---------------------------------------------------------------------------
     @property

@@ -93,7 +93,8 @@ class DistEnv:
 
 
 def shard_model(model: torch.nn.Module, env: DistEnv, mixed_precision: str = "none") -> torch.nn.Module:
-    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head).
+    """FSDP2: ``fully_shard`` every decoder layer (or the model's ``fsdp_units()``), then the root (embeddings, final
+    norm, LM head).
 
     ``mixed_precision="bf16"``: parameters are all-gathered in bfloat16 for compute and gradients reduced in fp32,
     while the sharded parameters and the optimizer state stay fp32."""
@@ -104,8 +105,10 @@ def shard_model(model: torch.nn.Module, env: DistEnv, mixed_precision: str = "no
     kw = {"mesh": mesh}
     if mixed_precision == "bf16":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, **kw)
+    # A model may group modules that share weights into one unit (DiffusionGemma: encoder and decoder layer i).
+    units = model.fsdp_units() if hasattr(model, "fsdp_units") else list(model.model.layers)
+    for unit in units:
+        fully_shard(unit, **kw)
     fully_shard(model, **kw)
     # MoE experts that receive no token on one rank get no gradient there; reduce zeros for them so every rank
     # issues the same reduce-scatters (otherwise the collectives mismatch and the run hangs).

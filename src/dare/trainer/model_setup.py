@@ -64,7 +64,7 @@ def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None) -> Pa
         if missing or unexpected:
             raise RuntimeError(f"export: state dict mismatch (missing {missing[:5]}, unexpected {unexpected[:5]})")
         if fresh.arch.tie_word_embeddings:
-            fresh.lm_head.weight = fresh.model.embed_tokens.weight
+            fresh.lm_head.weight = fresh.get_input_embeddings().weight
         if has_lora(fresh):
             merge_lora(fresh)
         fresh.save_pretrained(out, tokenizer=tokenizer)

@@ -3,6 +3,8 @@
 A family turns a published ``config.json`` into a ``ModelArch`` + ``FamilyAdapter``, and maps tensor
 names between the published checkpoint and the native module tree (identity for Qwen/Llama-named
 checkpoints). Adding a family = one module that subclasses ``Family`` and calls ``register_family``.
+A family whose model transformers itself maintains (DiffusionGemma) overrides ``build`` / ``load`` to
+return a model backed by transformers' class instead of the native ``DiffusionLM``.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ class Family:
     mask_token_strings: tuple[str, ...] = ("<|mask|>",)
     # Default block size of block-causal families whose config carries none.
     default_block_size: Optional[int] = None
+    # False for uniform-noise families: no mask token is resolved (the adapter's mask_token_id is -1).
+    uses_mask_token: bool = True
     # Generic size names (used by ``dare.models.tiny``) -> this family's config keys.
     size_keys: dict[str, tuple[str, ...]] = {
         "hidden_size": ("hidden_size",), "num_layers": ("num_hidden_layers",), "num_heads": ("num_attention_heads",),
@@ -51,6 +55,29 @@ class Family:
     def tiny_config(self) -> dict:
         """A config.json in this family's real layout for a tiny random model (vocab 512, mask 500)."""
         raise NotImplementedError
+
+    def config_section(self, cfg: dict) -> dict:
+        """The dict that holds the text model's keys (sizes, token ids): the config itself, or a nested
+        ``text_config`` for multimodal layouts."""
+        return cfg
+
+    def build(self, cfg: dict, mask_token_id: int, dtype=None, device=None, attn_backend: str = "auto",
+              init: bool = True):
+        """A model of this family from a config dict (``init=False``: on the meta device, for loading)."""
+        from ..model import DiffusionLM
+        arch, adapter = self.arch(cfg), self.adapter(cfg, mask_token_id)
+        if init:
+            return DiffusionLM(arch, adapter, cfg, self.name, attn_backend).to(dtype=dtype, device=device)
+        import torch
+        with torch.device("meta"):
+            return DiffusionLM(arch, adapter, cfg, self.name, attn_backend)
+
+    def load(self, folder, cfg: dict, mask_token_id: int, dtype, attn_backend: str = "auto"):
+        """Load the checkpoint in ``folder`` (its config already parsed into ``cfg``), every tensor checked."""
+        from ..loading import load_state_dict_checked, read_state_dict
+        model = self.build(cfg, mask_token_id, attn_backend=attn_backend, init=False)
+        load_state_dict_checked(model, read_state_dict(folder, self), dtype, str(folder))
+        return model
 
     # --- helpers ---------------------------------------------------------------------------------
     def check_supported(self, cfg: dict) -> None:

@@ -1,0 +1,248 @@
+"""``DiffusionGemmaLM``: dare's model API over transformers' own ``DiffusionGemmaForBlockDiffusion``.
+
+transformers maintains DiffusionGemma (``transformers.models.diffusion_gemma``), so nothing here reimplements a layer:
+the encoder, the decoder (with self-conditioning), the MoE and the caches are transformers' modules; this class only
+drives them the way dare's trainers and samplers need:
+
+* ``model(input_ids, layout=CanvasLayout, return_hidden=True, compute_logits=False)`` -- the training / scoring
+  forward. ``input_ids`` is ``[clean encoder ids ; canvas ids]``; the encoder runs over the clean part (causal, its
+  KV kept for every layer), the decoder over the canvas with block-causal masks (``dare.models.canvas``). The
+  returned hidden states are ``[encoder rows ; canvas rows]``: encoder row i predicts token i+1 (the encoder's
+  autoregressive loss), canvas row j predicts the clean token of canvas position j. Samples flagged in
+  ``layout.self_condition`` are denoised twice, the second pass fed the first pass's (detached) logits.
+* ``encode`` / ``denoise`` / ``new_cache`` -- the sampler's steps (``dare.rollout.canvas``) on transformers' cache.
+* ``save_pretrained`` -- transformers' own, so the checkpoint is the published layout (tied weights dropped, the
+  vision tower kept).
+
+The encoder and the decoder share every weight (Gemma's "encoder-denoiser patch"; transformers ties the parameters).
+Here they share the *modules* (``share_encoder_modules``), so LoRA wraps each projection once for both modes and
+FSDP shards encoder layer i and decoder layer i as one unit. The vision tower is kept (loaded and saved) but frozen
+and never run: dare is text-only.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .adapter import FamilyAdapter
+from .arch import ModelArch
+from .canvas import FULL, SLIDING, CanvasLayout
+from .model import ModelOutput
+
+# Per-layer submodules of transformers' encoder and decoder text layers that hold the shared weights.
+LAYER_MODULES = ("mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm", "router", "experts", "post_feedforward_layernorm_1",
+                 "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2")
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+
+
+def share_encoder_modules(model: nn.Module) -> None:
+    """Make the decoder use the encoder's module objects for every shared weight (and tie the LM head).
+
+    The encoder comes first in ``named_modules()``, so module surgery that walks it (peft's LoRA injection and merge)
+    lands on the encoder's path; calling this afterwards points the decoder at the same (new) modules.
+    """
+    enc, dec = model.model.encoder.language_model, model.model.decoder
+    dec.embed_tokens = enc.embed_tokens
+    dec.norm = enc.norm
+    for le, ld in zip(enc.layers, dec.layers):
+        for name in LAYER_MODULES:
+            setattr(ld, name, getattr(le, name))
+        for name in ATTN_MODULES:
+            setattr(ld.self_attn, name, getattr(le.self_attn, name))
+    model.lm_head.weight = dec.embed_tokens.weight
+
+
+def arch_of(text: dict) -> ModelArch:
+    """A descriptive ``ModelArch`` (sizes for ``dare models``, the vocabulary check) of the text config."""
+    from .arch import MoESpec
+    heads = text["num_attention_heads"]
+    moe = None
+    if text.get("num_experts"):
+        moe = MoESpec(num_experts=text["num_experts"], top_k=text["top_k_experts"],
+                      intermediate_size=text["moe_intermediate_size"], norm_topk_prob=True)
+    n = text["num_hidden_layers"]
+    return ModelArch(vocab_size=text["vocab_size"], hidden_size=text["hidden_size"], num_layers=n, num_heads=heads,
+                     num_kv_heads=text.get("num_key_value_heads", heads), head_dim=text.get("head_dim") or text["hidden_size"] // heads,
+                     intermediate_size=text["intermediate_size"], rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+                     tie_word_embeddings=True, hidden_act=text.get("hidden_activation", "gelu_pytorch_tanh"), moe=moe,
+                     moe_layers=list(range(n)) if moe else [])
+
+
+class DiffusionGemmaLM(nn.Module):
+    lora_exclude = r"\.vision_tower\.|\.embed_vision\."  # text-only: the vision tower gets no adapters
+
+    def __init__(self, hf_model, adapter: FamilyAdapter, hf_config: dict, family: str = "diffusion_gemma"):
+        super().__init__()
+        # The wrapper owns transformers' children directly (same state-dict keys as the published checkpoint);
+        # the transformers object is kept unregistered for its save_pretrained / generate.
+        self.model = hf_model.model
+        self.lm_head = hf_model.lm_head
+        object.__setattr__(self, "hf", hf_model)
+        self.adapter, self.hf_config, self.family = adapter, dict(hf_config), family
+        self.text_config = hf_model.config.get_text_config()
+        self.arch = arch_of(hf_config["text_config"])
+        self.softcap = self.text_config.final_logit_softcapping
+        share_encoder_modules(self)
+        for p in self.vision_parameters():
+            p.requires_grad_(False)
+        self.gradient_checkpointing = False
+        self.attn_backend = "sdpa"
+
+    # --- configuration ---------------------------------------------------------------------------
+    def vision_parameters(self):
+        enc = self.model.encoder
+        return list(enc.vision_tower.parameters()) + list(enc.embed_vision.parameters())
+
+    def set_attn_backend(self, backend: str) -> None:
+        if backend not in ("auto", "sdpa"):
+            raise ValueError(f"{self.family} runs transformers' sdpa attention (its masks are explicit 4D bool masks); "
+                             f"attn_backend={backend!r} is not supported, use auto or sdpa")
+        self.attn_backend = "sdpa"
+
+    def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
+        """Checkpoint the decoder layers (transformers' GradientCheckpointingLayer). The encoder layers write the KV
+        cache, which must happen exactly once, so transformers keeps them out of checkpointing."""
+        self.gradient_checkpointing = enabled
+        for layer in self.model.decoder.layers:
+            layer.gradient_checkpointing = enabled
+            if enabled:
+                from functools import partial
+                from torch.utils.checkpoint import checkpoint
+                layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+
+    def fsdp_units(self) -> list:
+        """FSDP2 units: encoder layer i and decoder layer i share their weights, so they are sharded together."""
+        return [[le, ld] for le, ld in zip(self.model.encoder.language_model.layers, self.model.decoder.layers)]
+
+    def retie(self) -> None:
+        share_encoder_modules(self)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def get_input_embeddings(self):
+        return self.model.decoder.embed_tokens
+
+    @property
+    def sliding_window(self) -> Optional[int]:
+        return getattr(self.text_config, "sliding_window", None)
+
+    # --- logits ----------------------------------------------------------------------------------
+    def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 soft-capped logits, exactly as ``DiffusionGemmaForBlockDiffusion.forward`` computes them."""
+        z = self.lm_head(hidden).float()
+        return torch.tanh(z / self.softcap) * self.softcap if self.softcap else z
+
+    # --- training / scoring forward --------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, attention_mask=None, position_ids=None, *, layout: Optional[CanvasLayout] = None,
+                logits_rows: Optional[torch.Tensor] = None, return_hidden: bool = False, compute_logits: bool = True,
+                **unused) -> ModelOutput:
+        unknown = set(unused) - {"use_cache", "return_dict", "output_attentions", "output_hidden_states"}
+        if unknown:
+            raise TypeError(f"DiffusionGemmaLM.forward() got unexpected keyword argument(s) {sorted(unknown)}")
+        if not isinstance(layout, CanvasLayout):
+            raise ValueError(f"{self.family} is an encoder-decoder model: its forward takes [clean context ; canvas] ids "
+                             f"with a dare.models.canvas.CanvasLayout (layout=...); sampling goes through dare.rollout")
+        Le = layout.enc_len
+        sw = self.sliding_window
+        enc_ids, canvas = input_ids[:, :Le], input_ids[:, Le:]
+        enc_masks, dec_masks = layout.encoder_masks(sw), layout.decoder_masks(sw)
+        sc_logits = sc_mask = None
+        if layout.self_condition is not None:
+            # The first pass only provides the conditioning signal (Analog-Bits style), so it runs without gradients,
+            # encoder included, before the differentiated passes: FSDP2 then sees plain no-grad forwards followed by
+            # one forward/backward (a no-grad pass between the encoder's and the decoder's differentiated uses of the
+            # same units crashes its backward). It runs whatever the per-row coins say, so every rank issues the same
+            # collectives.
+            with torch.no_grad():
+                cache = self._encode_all(enc_ids, enc_masks, layout.enc_pos)
+                first = self._decode(canvas, layout.dec_pos, cache, dec_masks, None, None)
+                sc_logits = self.logits_of(first).to(self.model.decoder.embed_tokens.weight.dtype)
+            sc_mask = layout.self_condition.bool()
+        cache = self._encode_all(enc_ids, enc_masks, layout.enc_pos)
+        enc = cache.encoder_hidden
+        dec = self._decode(canvas, layout.dec_pos, cache, dec_masks, sc_logits, sc_mask)
+        h = torch.cat([enc, dec], dim=1)
+        logits = None
+        if compute_logits:
+            logits = self.logits_of(h[logits_rows] if logits_rows is not None else h)
+        return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
+
+    def _encode_all(self, ids, masks, positions):
+        """The encoder over the whole clean context; every layer keeps all its keys (the decoder masks pick what each
+        canvas block sees). The final hidden states ride along as ``cache.encoder_hidden``."""
+        from transformers.cache_utils import DynamicCache
+        cache = DynamicCache()
+        cache.encoder_hidden = self.model.encoder(input_ids=ids, attention_mask=masks, position_ids=positions,
+                                                  cache=cache).last_hidden_state
+        return cache
+
+    def _decode(self, canvas, positions, cache, masks, sc_logits, sc_mask) -> torch.Tensor:
+        out = self.model.decoder(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc_logits,
+                                 self_conditioning_mask=sc_mask, decoder_attention_mask=masks,
+                                 decoder_position_ids=positions)
+        return out.last_hidden_state
+
+    # --- sampler steps ---------------------------------------------------------------------------
+    def new_cache(self, capacity: Optional[int] = None):
+        """transformers' cache with this model's layer types (sliding layers keep ``sliding_window - 1`` keys)."""
+        from transformers.cache_utils import DynamicCache
+        return DynamicCache(config=self.text_config)
+
+    def cached_keys(self, cache) -> dict[str, int]:
+        """Keys each layer type holds in ``cache`` now (before the next forward appends to it)."""
+        types = list(self.text_config.layer_types)
+        out = {}
+        for kind in (FULL, SLIDING):
+            if kind in types:
+                layer = cache.layers[types.index(kind)] if len(cache.layers) > types.index(kind) else None
+                keys = getattr(layer, "keys", None) if layer is not None else None
+                out[kind] = int(keys.shape[-2]) if keys is not None and getattr(layer, "is_initialized", True) else 0
+        return out
+
+    def encode(self, ids: torch.Tensor, position_ids: torch.Tensor, cache, masks: dict) -> None:
+        """Append the clean tokens ``ids`` to the encoder cache."""
+        self.model.encoder(input_ids=ids, attention_mask=masks, position_ids=position_ids, cache=cache)
+
+    def denoise(self, canvas: torch.Tensor, position_ids: torch.Tensor, cache, masks: dict,
+                sc_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """fp32 soft-capped logits ``[B, C, V]`` of one denoising pass over ``canvas`` (cache read only)."""
+        return self.logits_of(self._decode(canvas, position_ids, cache, masks, sc_logits, None))
+
+    # --- saving ----------------------------------------------------------------------------------
+    def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 5 * 2**30) -> None:
+        """transformers' ``save_pretrained``: config.json + safetensors in the published layout."""
+        from .families.diffusion_gemma import quiet_transformers
+        self.retie()
+        with quiet_transformers():
+            self.hf.save_pretrained(str(path), max_shard_size=max_shard_bytes)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(path))
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Create parameters on the meta device and everything else (non-persistent buffers: RoPE frequencies, the
+    embedding scale) for real, so a skeleton filled by ``load_state_dict(assign=True)`` is complete."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None:
+            p = module._parameters[name]
+            module._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
