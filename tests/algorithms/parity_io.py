@@ -57,6 +57,7 @@ def case_paths(directory: Path = CASE_DIR) -> list[Path]:
 def stub_adapter(block_size=None):
     """The adapter fields the RL hooks read, for the tiny parity vocabulary (no model behind it)."""
     return SimpleNamespace(mask_token_id=MASK_ID, is_block_causal=block_size is not None, block_size=block_size,
+                           is_encoder_decoder=False, noise="mask", logit_softcap=None,
                            attention="block_causal" if block_size else "bidirectional", all_stop_ids=[EOS],
                            prediction_rows=lambda col: col)
 

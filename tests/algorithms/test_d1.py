@@ -162,7 +162,7 @@ def test_block_ratio_is_one_at_first_inner_step(family):
 
 def test_supports_every_attention_kind_and_names_it_in_errors():
     _, algo, ctx = _setup()
-    assert set(algo.supports) == {"bidirectional", "block_causal"}
+    assert set(algo.supports) == {"bidirectional", "block_causal", "encoder_decoder"}
     algo.supports = ("block_causal",)  # a narrowed instance: the clear error names the kinds and families
     with pytest.raises(ValueError, match="block_causal.*bidirectional.*sdar"):
         algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)

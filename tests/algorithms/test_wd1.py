@@ -96,7 +96,7 @@ def test_block_models_use_d1_block_estimate(family):
     model = block_model(family)
     algo = build_algorithm(WD1Config(p_mask_prompt=0.2))
     ctx = StepContext(step=1, seed=3, adapter=model.adapter)
-    assert set(algo.supports) == {"bidirectional", "block_causal"}
+    assert set(algo.supports) == {"bidirectional", "block_causal", "encoder_decoder"}
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=4)
     views = algo.corrupt(ctx, batch, 0)
     (d1_view,) = build_algorithm(D1Config(p_mask_prompt=0.2)).corrupt(ctx, batch, 0)

@@ -72,5 +72,8 @@ def test_lora_run_resumes_exactly(tmp_path):
     assert resumed.start_step == 1
     assert [h["loss"] for h in resumed.run()] == [h["loss"] for h in straight[1:]]
     from dare.trainer.checkpoint import CheckpointError
-    with pytest.raises(CheckpointError, match="different recipe"):  # a full-parameter run cannot load LoRA weights
+    from dare.trainer.run_folder import RecipeChanged
+    with pytest.raises(RecipeChanged, match="lora.enabled: True -> False"):  # the fingerprint names the change
         Trainer(sft_recipe(tmp_path / "b", "train.steps=3"))
+    with pytest.raises(CheckpointError, match="different recipe"):  # forced: full parameters cannot load LoRA weights
+        Trainer(sft_recipe(tmp_path / "b", "train.steps=3", "train.allow_recipe_change=true"))

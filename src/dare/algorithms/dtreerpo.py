@@ -222,8 +222,8 @@ class DTreeRPO(GRPOAlgorithm):
                            "(uniform noise) commits nothing at a step (every pass re-noises what it does not accept), "
                            "so a partial canvas is no node state to branch from"}
     paper = PaperSettings(
-        lr=3e-5, grad_clip=0.2, temperature=0.9, lora=True,
-        source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft; the "
+        lr=3e-5, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft, lora_r 128, lora_alpha 64; the "
                "same file for every task script), diffu_grpo_config.py (temperature 0.9)")
 
     def check_rollout(self, sampler, adapter) -> None:
