@@ -260,18 +260,24 @@ def test_noise_replays_per_iteration_and_microbatch():
                for s, x in zip(sub, a))
 
 
-def learns_toy_reward(tmp_path, name, family, *overrides):
-    """15 steps of the recipe on the toy '7' reward; the mean reward must rise by more than 0.3 (it starts near 0.03)."""
+def learns_toy_reward(tmp_path, name, family, *overrides, recipe=None, sampler=None):
+    """15 steps of the recipe on the toy '7' reward; the mean reward must rise by more than 0.3 (it starts near 0.03).
+
+    ``recipe``: a recipe path relative to the repository (default ``recipes/rl/<name>.yaml``); ``sampler``: the
+    rollout sampler as a YAML mapping (default: 8 tokens, the family's tiny block, 8 steps at temperature 1).
+    Returns the per-step mean rewards."""
     block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
-    recipe = load_recipe(ROOT / f"recipes/rl/{name}.yaml", [
+    sampler = sampler or f"{{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}"
+    recipe = load_recipe(ROOT / (recipe or f"recipes/rl/{name}.yaml"), [
         f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
-        "rollout.group_size=8", f"rollout.sampler={{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}",
+        "rollout.group_size=8", f"rollout.sampler={sampler}",
         "reward.name=mc_test_sevens", "reward.workers=0", "data.dataset.limit=64", f"train.output_dir={tmp_path}",
         "optim.lr=3e-3", "optim.weight_decay=0.0", "train.export=false", "train.save_every=0",
         "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *overrides])
     with single_thread():
         rewards = [h["reward_mean"] for h in Trainer(recipe).run()]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
+    return rewards
 
 
 @pytest.mark.slow
