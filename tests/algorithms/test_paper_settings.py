@@ -84,3 +84,7 @@ def test_paper_overrides_give_a_valid_recipe_on_the_compare_task(name):
     ov = paper_overrides(get_algorithm(name), get_algorithm("coupled_grpo"), 1e-4, "sudoku", "bidirectional")
     recipe = load_recipe(root / "recipes/quickstart/compare.yaml", [f"algorithm.name={name}", *ov])
     assert sum(b.steps for b in masked_blocks(recipe.rollout.sampler)) >= 1
+    if "bidirectional" in get_algorithm(name).supports:  # the start-up check of the run (d-TreeRPO: no recording)
+        from dare.algorithms import build_algorithm
+        from dare.models import tiny
+        build_algorithm(recipe.algorithm).check_rollout(recipe.rollout.sampler, tiny("llada").adapter)
