@@ -2,6 +2,9 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_methods.py            # full sizes (a few minutes, 2 cores)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_methods.py --quick    # smaller sizes (smoke run)
+    ... --part justgrpo | --part tree    # one table;  --reps N: timed repetitions (default 3);  --json FILE: raw numbers
+
+Results and what they mean: benchmarks/methods.md.
 
 1. JustGRPO's exact AR log-likelihood of a micro-batch of completions. *Naive* is the reference's (and the original
    DARE port's) construction: one forward per completion position t over all rows, ``[prompt ; y_<t ; MASK...]``
@@ -49,15 +52,15 @@ class Counter:
         return {"calls": self.calls, "rows": self.rows, "tokens": self.tokens}
 
 
-def _interleaved_medians(fns: dict, reps: int) -> dict:
-    """Median seconds of each function, the variants run in turn (A, B, A, B, ...) so load spikes hit both."""
+def _interleaved_times(fns: dict, reps: int) -> dict:
+    """Seconds of each function per repetition, the variants run in turn (A, B, A, B, ...) so load spikes hit both."""
     times = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 def _model(family: str, quick: bool):
@@ -133,7 +136,7 @@ def naive_ar_logp(model, batch, temperature: float = 1.0, grad: bool = False):
     return torch.stack(out, 1)
 
 
-def bench_justgrpo(family: str, quick: bool) -> dict:
+def bench_justgrpo(family: str, quick: bool, reps: int) -> dict:
     from dare.algorithms import StepContext, build_algorithm
     from dare.algorithms.justgrpo import JustGRPOConfig
     from dare.trainer import stages
@@ -147,7 +150,6 @@ def bench_justgrpo(family: str, quick: bool) -> dict:
     ctx.norms = algo.normalizers(batch)
     views = batch["views"][0]
     counter = Counter(model)
-    reps = 1 if quick else 3
     res = {"family": family, "rows": B, "gen_length": Lc, "scored": int(batch["ar_targets"].sum())}
 
     def ours_score():
@@ -174,8 +176,8 @@ def bench_justgrpo(family: str, quick: bool) -> dict:
     res["max_abs_diff"] = float((res["naive"].pop("value") - res["dare"].pop("value"))[tgt].abs().max())
     for key, fns in (("score_s", {"naive": naive_score, "dare": ours_score}),
                      ("update_s", {"naive": naive_update, "dare": ours_update})):
-        for name, t in _interleaved_medians(fns, reps).items():
-            res[name][key] = t
+        for name, t in _interleaved_times(fns, reps).items():
+            res[name][key], res[name][key + "_all"] = statistics.median(t), t
     counter.handle.remove()
     res["score_speedup"] = res["naive"]["score_s"] / res["dare"]["score_s"]
     res["update_speedup"] = res["naive"]["update_s"] / res["dare"]["update_s"]
@@ -185,7 +187,7 @@ def bench_justgrpo(family: str, quick: bool) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 # 2. d-TreeRPO
 # ----------------------------------------------------------------------------------------------------------
-def bench_tree(family: str, branching: list[int], quick: bool, cache: str) -> dict:
+def bench_tree(family: str, branching: list[int], quick: bool, cache: str, reps: int) -> dict:
     from dare.models import tiny_tokenizer
     from dare.rollout import SamplerConfig, generate, generate_tree
     model = _model(family, quick)
@@ -203,7 +205,6 @@ def bench_tree(family: str, branching: list[int], quick: bool, cache: str) -> di
     for b in branching:
         leaves *= b
     counter = Counter(model)
-    reps = 1 if quick else 3
     res = {"family": family, "cache": cache, "branching": branching, "cuts": cuts, "gen_length": G,
            "prompts": len(prompts), "leaves": leaves}
     runs = (("independent", lambda: generate(model, prompts, sampler, n=leaves, seeds=seeds).nfe),
@@ -212,8 +213,8 @@ def bench_tree(family: str, branching: list[int], quick: bool, cache: str) -> di
         counter.reset()
         nfe = fn()
         res[name] = {**counter.snapshot(), "nfe": nfe}
-    for name, t in _interleaved_medians(dict(runs), reps).items():
-        res[name]["time_s"] = t
+    for name, t in _interleaved_times(dict(runs), reps).items():
+        res[name]["time_s"], res[name]["time_s_all"] = statistics.median(t), t
     counter.handle.remove()
     res["row_ratio"] = res["independent"]["rows"] / res["tree"]["rows"]
     res["token_ratio"] = res["independent"]["tokens"] / res["tree"]["tokens"]
@@ -226,12 +227,16 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="also write the raw numbers here")
     ap.add_argument("--part", choices=("all", "justgrpo", "tree"), default="all")
+    ap.add_argument("--reps", type=int, help="timed repetitions per variant, interleaved (default 3; --quick: 1)")
     args = ap.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 3)
     torch.set_num_threads(1)
-    jg = [bench_justgrpo(f, args.quick) for f in ("llada", "sdar")] if args.part in ("all", "justgrpo") else []
-    trees = ([bench_tree("llada", [4, 4], args.quick, "none"), bench_tree("llada", [4, 4], args.quick, "dual"),
-              bench_tree("llada", [2, 2, 2], args.quick, "none"), bench_tree("sdar", [4, 4], args.quick, "block"),
-              bench_tree("sdar", [2, 2, 2], args.quick, "block")] if args.part in ("all", "tree") else [])
+    jg = [bench_justgrpo(f, args.quick, reps) for f in ("llada", "sdar")] if args.part in ("all", "justgrpo") else []
+    trees = ([bench_tree(family, branching, args.quick, cache, reps)
+              for family, branching, cache in (("llada", [4, 4], "none"), ("llada", [4, 4], "dual"),
+                                               ("llada", [2, 2, 2], "none"), ("sdar", [4, 4], "block"),
+                                               ("sdar", [2, 2, 2], "block"))]
+             if args.part in ("all", "tree") else [])
     if jg:
         print_justgrpo(jg)
     if trees:

@@ -71,3 +71,20 @@ def test_the_method_doc_states_its_paper_settings(name):
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "algorithms" / f"{name}.md"
     assert paper_markdown(get_algorithm(name)) in doc.read_text()
+
+
+@pytest.mark.parametrize("name", list(_rl()))
+def test_paper_overrides_give_a_valid_recipe_on_the_compare_task(name):
+    """Every method's paper overrides load into the compare recipe and its sampler builds (CJ-GRPO's ASS fixes its own
+    step count, so the recipe's 20 steps must not reach it: that failed the first compare run)."""
+    from pathlib import Path
+    from dare.config.recipe import load_recipe
+    from dare.rollout.masked import masked_blocks
+    root = Path(__file__).resolve().parents[2]
+    ov = paper_overrides(get_algorithm(name), get_algorithm("coupled_grpo"), 1e-4, "sudoku", "bidirectional")
+    recipe = load_recipe(root / "recipes/quickstart/compare.yaml", [f"algorithm.name={name}", *ov])
+    assert sum(b.steps for b in masked_blocks(recipe.rollout.sampler)) >= 1
+    if "bidirectional" in get_algorithm(name).supports:  # the start-up check of the run (d-TreeRPO: no recording)
+        from dare.algorithms import build_algorithm
+        from dare.models import tiny
+        build_algorithm(recipe.algorithm).check_rollout(recipe.rollout.sampler, tiny("llada").adapter)

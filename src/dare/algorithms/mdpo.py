@@ -134,6 +134,7 @@ class MDPO(GRPOAlgorithm):
     name = "mdpo"
     paper = PaperSettings(
         lr=1e-5, grad_clip=1.0, temperature=0.1,
+        sampler={"record_trajectory": True},  # MDPO trains on the rollout's intermediate states
         source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script",
         embedded_lr_factor=0.1,
         embedded_note="at its paper ratio (10x Coupled-GRPO's lr, 1e-3 on the tiny LLaDA) the training reward oscillated "

@@ -62,6 +62,8 @@ def paper_overrides(cls, anchor, base_lr: float, task: Optional[str], attention:
            f"rollout.sampler.temperature={mine['temperature']}"]
     out += [f"algorithm.{k}={v}" for k, v in mine["algorithm"].items()]
     out += [f"rollout.sampler.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in cls.paper.sampler.items()]
+    if cls.paper.sampler.get("schedule") == "ass":  # ASS fixes its own step count (floor(log2 block) per block)
+        out += ["rollout.sampler.steps=null", "rollout.sampler.steps_per_block=null"]
     if cls.paper.lora:
         # the reference stays a frozen copy of the starting model (reference syncs need one; lora_disabled would too
         # at the start, but not after a sync)

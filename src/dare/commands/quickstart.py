@@ -34,7 +34,7 @@ def add_arguments(p):
                    "overhead-bound, and 2 threads on a busy 2-core machine ran up to 33x slower; 0: PyTorch's choice)")
     p.add_argument("--samples", type=int, default=4, help="k completions per held-out puzzle at the rollout "
                    "temperature, before and after RL (mean reward, best-of-k, pass@k); 0: greedy only")
-    p.add_argument("--sample-limit", type=int, default=100, help="... on the first N held-out puzzles (default 100; "
+    p.add_argument("--sample-limit", type=int, default=50, help="... on the first N held-out puzzles (default 50; "
                    "0: all of them)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -45,7 +45,7 @@ class QuickstartOptions:
     sft_recipe: Optional[str] = None  # default: the shipped checkpoint's SFT recipe
     threads: Optional[int] = 1  # torch intra-op threads (None: PyTorch's choice; 1: see stages.set_threads)
     samples: int = 4  # k completions per held-out puzzle at the rollout temperature (mean, best-of-k, pass@k); 0: off
-    sample_limit: Optional[int] = 100  # ... on the first N held-out puzzles (None: all of eval.limit)
+    sample_limit: Optional[int] = 50  # ... on the first N held-out puzzles (None: all of eval.limit)
     progress: bool = True
 
 
