@@ -158,10 +158,12 @@ def _first_line(e: BaseException) -> str:
 
 
 def _train_reward_ends(metrics: Path, n: int = 10) -> tuple[Optional[float], Optional[float]]:
+    """Mean training reward of the first and the last steps: ``n`` steps, or a quarter of a shorter run (a mu = 8
+    method makes 6 steps, where two 10-step windows would be the same numbers)."""
     pts = [v for _, v in read_curve(metrics, "reward_mean")]
     if not pts:
         return None, None
-    k = min(n, len(pts))
+    k = max(1, min(n, len(pts) // 4))
     return sum(pts[:k]) / k, sum(pts[-k:]) / k
 
 
@@ -204,7 +206,10 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
                     run_dir = fam_dir / name / f"seed-{seed}"
                     summary_file = run_dir / "summary.json"
                     if (opts.resume or opts.report_only) and summary_file.exists():
-                        fam["runs"].setdefault(name, []).append(json.loads(summary_file.read_text()))
+                        done = json.loads(summary_file.read_text())
+                        if Path(done.get("metrics", "")).is_file():  # recomputed: the windows may have changed
+                            done["train_reward_first"], done["train_reward_last"] = _train_reward_ends(Path(done["metrics"]))
+                        fam["runs"].setdefault(name, []).append(done)
                         continue
                     if opts.report_only:
                         continue
