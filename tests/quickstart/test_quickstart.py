@@ -224,3 +224,14 @@ def test_the_documented_real_run_overrides_validate():
         "train.mixed_precision=bf16"])
     assert r.model.path == "GSAI-ML/LLaDA-8B-Instruct" and r.data.dataset.name == "gsm8k"
     assert r.eval.benchmarks == ["gsm8k"] and r.distributed.nproc == 8
+
+
+def test_train_reward_ends_use_a_quarter_of_a_short_run(tmp_path):
+    """A mu = 8 method makes 6 steps: its first and last windows are 1 step each, not the same 6 steps twice."""
+    import json
+    from dare.quickstart.compare import _train_reward_ends
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": i + 1, "reward_mean": r}) + "\n" for i, r in enumerate([.1, .2, .3, .4, .5, .6])))
+    assert _train_reward_ends(path) == (0.1, 0.6)
+    path.write_text("".join(json.dumps({"step": i + 1, "reward_mean": float(i)}) + "\n" for i in range(48)))
+    assert _train_reward_ends(path) == (4.5, 42.5)  # 10-step windows
