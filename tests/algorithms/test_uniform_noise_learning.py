@@ -1,5 +1,6 @@
-"""RL on the uniform-noise family (tiny DiffusionGemma) learns the toy '7' reward (slow): d1-style GRPO (one-step
-fully-noised canvas), Coupled-GRPO (complementary corruption sets) and EBPO (sequence-level composite block ELBO).
+"""RL on the uniform-noise family (tiny DiffusionGemma) learns the toy '7' reward (slow): every RL method defined on it
+-- d1-style GRPO (one-step fully-noised canvas), Coupled-GRPO (complementary corruption sets), EBPO (sequence-level
+composite block ELBO), wd1, SPG, BGPO and ESPO.
 
 The rollouts use the canvas sampler with one pass per canvas: the completion is that pass's argmax given a uniform
 random canvas, i.e. exactly the distribution d1's fully-noised estimate scores. The canvas sampler's tokens are an
@@ -20,7 +21,11 @@ ONE_PASS = "{gen_length: 8, block_length: 4, steps_per_block: 1, temperature: 1.
     ("d1", "recipes/d1_tiny.yaml", ["algorithm.beta=0.0"]),
     ("coupled_grpo", None, ["algorithm.beta=0.0"]),
     ("ebpo", None, ["algorithm.num_mc=4"]),
-], ids=["d1", "coupled_grpo", "ebpo"])
+    ("wd1", None, ["algorithm.beta=0.0"]),
+    ("spg", None, []),
+    ("bgpo", None, []),
+    ("espo", None, ["algorithm.num_mc=2", "algorithm.beta=0.0"]),
+], ids=["d1", "coupled_grpo", "ebpo", "wd1", "spg", "bgpo", "espo"])
 def test_diffusion_gemma_learns_a_toy_reward(tmp_path, name, recipe, overrides):
     rewards = learns_toy_reward(tmp_path, name, "diffusion_gemma", "optim.lr=1e-3", *overrides, recipe=recipe,
                                 sampler=ONE_PASS)
