@@ -7,7 +7,8 @@ import torch
 from dare.algorithms.tracerl import TraceRLConfig
 from dare.algorithms.value import ValueModel, clipped_value_loss, trace_returns_advantages
 from dare.trainer import stages
-from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, run_recipe, setup, train_subprocess
+from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
+                                                train_subprocess)
 
 
 def reference_gae(reward, values, steps, gamma, lam):
@@ -191,6 +192,4 @@ def test_two_processes_reproduce_one_process(tmp_path):
     one = train_subprocess(tmp_path, tmp_path / "one", "tracerl_with_value", *args)
     two = train_subprocess(tmp_path, tmp_path / "two", "tracerl_with_value", *args, "distributed.nproc=2")
     assert any(abs(a["value_loss"]) > 1e-6 for a in one)
-    for a, b in zip(one, two):
-        for key in ("loss", "value_loss", "value_mean", "value_grad_norm", "grad_norm"):
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+    assert_same_history(one, two, ("loss", "value_loss", "value_mean", "value_grad_norm", "grad_norm"))

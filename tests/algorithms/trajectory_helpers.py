@@ -107,6 +107,13 @@ def learning_curve(tmp_path, algo: str, family: str, *overrides, steps: int = 15
     return [h["reward_mean"] for h in hist]
 
 
+def assert_same_history(one: list, two: list, keys) -> None:
+    """Step by step, ``keys`` of two metrics histories (e.g. 1 vs 2 processes) agree to 1e-5 relative."""
+    for a, b in zip(one, two):
+        for key in keys:
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+
+
 def train_subprocess(tmp_path, out, algo: str, *overrides, timeout: int = 600):
     """``python -m dare.cli train recipes/rl/<algo>.yaml`` in a subprocess (``distributed.nproc`` may launch torchrun).
 
