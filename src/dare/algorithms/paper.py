@@ -90,6 +90,6 @@ def paper_markdown(cls) -> str:
         text += f" {task.capitalize()} script: {', '.join(parts)}."
     text += f" Source: {p.source}."
     if p.embedded_lr_factor != 1.0:
-        text += (f" On the embedded CPU task `dare compare` multiplies its relative lr by {p.embedded_lr_factor:g}: "
+        text += (f" On the embedded CPU task `dare compare` multiplies its relative lr by {p.embedded_lr_factor:.3g}: "
                  f"{p.embedded_note}")
     return text
