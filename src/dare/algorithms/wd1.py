@@ -63,8 +63,8 @@ class WD1(D1):
         embedded_lr_factor=1 / 3,
         embedded_note="at its paper ratio (3x Coupled-GRPO's lr: 3e-4 on the tiny LLaDA with its LoRA; no ratio, clip or "
                       "KL) seed 0 gained +0.073 and seed 1 lost 0.064 (held-out 0.410 -> 0.346, its training reward fell "
-                      "0.43 -> 0.15 in the last step, gradient norm 2.9); at 1e-4 (factor 1/3) seeds 0 and 1 rose to "
-                      "0.571 and 0.564 (200 held-out puzzles, docs/comparison.md).")
+                      "0.43 -> 0.15 in the last step, gradient norm 2.9); at 1e-4 (factor 1/3) seeds 0, 1 and 2 rose to "
+                      "0.571, 0.564 and 0.564 (200 held-out puzzles, docs/comparison.md).")
     config_class = WD1Config
 
     @property
