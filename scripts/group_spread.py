@@ -36,7 +36,8 @@ def spread(jsonl: Path) -> dict:
 def main(argv=None) -> int:
     import torch
 
-    from dare.quickstart.assets import get_checkpoint, recipe_path
+    from dare.quickstart.assets import get_checkpoint
+    from dare.quickstart.compare import compare_recipe
     from dare.quickstart.stages import eval_stage, load_stage_recipe
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -48,13 +49,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     ck = get_checkpoint(args.checkpoint)
+    rpath, ck_ov = compare_recipe(ck)
     print(f"{args.checkpoint}: {args.limit} held-out puzzles x {args.k} samples\n")
     print("| temperature | mean reward | within-group std | groups with equal rewards | distinct / k | best-of-k - mean |")
     print("|---:|---:|---:|---:|---:|---:|")
     for t in (float(x) for x in args.temperatures.split(",")):
-        recipe = load_stage_recipe(recipe_path(ck.info.get("compare_recipe", "compare.yaml")),
-                                   [f"model.path={ck.path}", *ck.recipe_overrides, f"rollout.sampler.temperature={t}",
-                                    f"eval.limit={args.limit}"])
+        recipe = load_stage_recipe(rpath, ck_ov + [f"rollout.sampler.temperature={t}", f"eval.limit={args.limit}"])
         out = Path(args.output_dir) / f"{args.checkpoint}-T{t:g}"
         eval_stage(ck.path, recipe, out, f"T{t:g}", samples=args.k, sample_limit=args.limit, progress=False)
         s = spread(out / "sampled" / f"{recipe.eval.benchmarks[0]}.jsonl")

@@ -74,8 +74,9 @@ class BGPO(GRPOAlgorithm):
         embedded_note="at the unified ratio (Coupled-GRPO's lr, 1e-4 on the tiny LLaDA, full fine-tuning, mu 1, no KL) "
                       "seeds 0 and 1 gained (0.516, 0.551) but seed 2 collapsed: training reward 0.58 by step 13, then "
                       "~0.1 after step 22 with gradient norms up to 10, held-out 0.410 -> 0.040; at 5e-5 (factor 0.5) "
-                      "the same seeds stayed stable (max gradient norm 1.5) and gained 0.566, 0.584, 0.601 (200 held-out puzzles, docs/comparison.md). With no published "
-                      "settings, the unified ratio is DARE's choice, not the authors'.")
+                      "the same seeds stayed stable (max gradient norm 1.5) and gained 0.566, 0.584, 0.601 (200 "
+                      "held-out puzzles, docs/comparison.md). With no published settings, the unified ratio is DARE's "
+                      "choice, not the authors'.")
     config_class = BGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

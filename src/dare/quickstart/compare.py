@@ -146,6 +146,12 @@ def method_settings(rpath, base_ov: list[str], name: str, anchor: str, opts: Com
     return ov, info
 
 
+def compare_recipe(ck) -> tuple[Path, list[str]]:
+    """The recipe a shipped checkpoint ``ck`` is compared with (its manifest's ``compare_recipe``) and the overrides
+    that point it at the checkpoint."""
+    return recipe_path(ck.info.get("compare_recipe", "compare.yaml")), [f"model.path={ck.path}", *ck.recipe_overrides]
+
+
 def default_task() -> str:
     """The task of the default quickstart checkpoint."""
     from .pipeline import DEFAULT_CHECKPOINT
@@ -182,8 +188,8 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
     bench = None
     try:
         for ck, names in todo:
-            rpath = recipe_path(ck.info.get("compare_recipe", "compare.yaml"))
-            base_ov = [f"model.path={ck.path}"] + list(ck.recipe_overrides) + common
+            rpath, ck_ov = compare_recipe(ck)
+            base_ov = ck_ov + common
             if opts.eval_limit is not None:
                 base_ov.append(f"eval.limit={opts.eval_limit}")
             recipe = load_stage_recipe(rpath, base_ov + [f"train.output_dir={out}"])
