@@ -83,8 +83,8 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
-    """x [B, L, H, D]; cos and signed sin [B, L, 1, R] from ``RotaryEmbedding`` with R <= D (partial rotary
-    leaves the tail unrotated)."""
+    """x [B, L, H, D] with cos and signed sin [B, L, 1, R] from ``RotaryEmbedding`` (or x [B, H, L, D] with them
+    transposed to [B, 1, L, R]), R <= D (partial rotary leaves the tail unrotated)."""
     rot = cos.shape[-1]
     xr = x if rot == x.shape[-1] else x[..., :rot]
     if full_precision and x.dtype != torch.float32:
@@ -186,11 +186,14 @@ class Attention(FusedProjections, nn.Module):
             q, k, qk = self.q_norm(q), self.k_norm(k), None
         if qk is not None:  # one RoPE over the q and k heads together
             qk = apply_rope(qk, cos, sin, self.rope_full_precision)
-            q, k = qk[:, :, :H], qk[:, :, H:]
+            q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
         else:
-            q = apply_rope(q, take_rows(cos, query_rows), take_rows(sin, query_rows), self.rope_full_precision)
-            k = apply_rope(k, cos, sin, self.rope_full_precision)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            # RoPE on the [B, H, L, D] views, as the plain path always did: under autograd the memory layout decides
+            # the order in which weight gradients (q_norm, k_norm) are summed, and training keeps its bits.
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qcos, qsin = take_rows(cos, query_rows).transpose(1, 2), take_rows(sin, query_rows).transpose(1, 2)
+            q = apply_rope(q, qcos, qsin, self.rope_full_precision)
+            k = apply_rope(k, cos.transpose(1, 2), sin.transpose(1, 2), self.rope_full_precision)
         Lq = q.shape[2]
         if attn.cache is not None:
             k, v = attn.cache.write(self.layer_idx, k, v)
