@@ -5,13 +5,21 @@ Each command is a module in ``dare.commands`` exposing ``NAME``, ``HELP``, ``add
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
-import pkgutil
-import sys
+import os
 
-from . import commands
+# OpenMP threads that wait for work spin by default. On a machine whose cores other jobs share, a spinning thread
+# holds a core the thread it waits for needs, and a 2-thread forward can take 70x longer than at 1 thread. Passive
+# waiting (sleep instead of spin) cannot collapse like that and costs little when the cores are free. libgomp reads
+# this when torch is first imported, so it is set here, before any command imports torch; an explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import logging  # noqa: E402
+import pkgutil  # noqa: E402
+import sys  # noqa: E402
+
+from . import commands  # noqa: E402
 
 
 def _command_modules():

@@ -212,7 +212,10 @@ def save_pretrained(model: DiffusionLM, path, tokenizer=None, max_shard_bytes: i
             continue
         if hasattr(v, "full_tensor"):  # FSDP2 DTensor
             v = v.full_tensor()
-        state[family.to_published(k)] = v.detach().to("cpu").contiguous()
+        v = v.detach().to("cpu").contiguous()
+        if v.untyped_storage().nbytes() != v.numel() * v.element_size():  # a view of a fused buffer: own storage
+            v = v.clone()
+        state[family.to_published(k)] = v
     cfg = dict(model.hf_config)
     dtype_name = str(model.dtype).replace("torch.", "")
     for key in ("torch_dtype", "dtype"):

@@ -6,7 +6,9 @@ call it takes what diffusion samplers and trainers need:
 
 * ``past_key_values=KVCache`` with ``store_kv`` / ``kv_start`` (see ``cache.py``),
 * ``layout=TokenLayout`` for packed and block-diffusion training batches (see ``masks.py``),
-* ``logits_rows`` to run the LM head only on the positions a loss or a sampler reads,
+* ``logits_rows`` to run the LM head only on the positions a loss or a sampler reads, or ``logits_at`` (a slice or
+  per-row positions): logits ``[B, n, V]`` of those rows, and the last layer computes queries, attention and MLP
+  only for them (every row still gives its keys and values),
 * ``return_hidden`` / ``compute_logits=False`` for chunked linear + cross-entropy.
 """
 from __future__ import annotations
@@ -22,7 +24,8 @@ from . import masks
 from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
-from .modules import AttnInputs, DecoderLayer, RMSNorm, RotaryEmbedding
+from .fused import FusedProjections
+from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
 
@@ -71,6 +74,21 @@ class DiffusionLM(nn.Module):
 
     def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
         self.gradient_checkpointing = enabled
+
+    def fuse_projections(self) -> "DiffusionLM":
+        """Run q/k/v and gate/up as one GEMM each at inference (see ``fused.py``); checkpoints keep their layout.
+        Done at load; redone after ``.to()`` and friends, which give the weights new storage."""
+        for m in self.modules():
+            if isinstance(m, FusedProjections):
+                m.fuse_projections()
+        self._fuse_wanted = True
+        return self
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self.__dict__.get("_fuse_wanted"):
+            self.fuse_projections()
+        return out
 
     @property
     def device(self) -> torch.device:
@@ -139,6 +157,7 @@ class DiffusionLM(nn.Module):
         kv_start: Optional[int] = None,
         layout: Optional[masks.TokenLayout] = None,
         logits_rows: Optional[torch.Tensor] = None,
+        logits_at: Optional[QuerySel] = None,
         return_hidden: bool = False,
         compute_logits: bool = True,
         inputs_embeds: Optional[torch.Tensor] = None,
@@ -160,16 +179,26 @@ class DiffusionLM(nn.Module):
                 position_ids = torch.arange(start, start + L, device=x.device).expand(B, L)
         elif position_ids.dim() == 1:
             position_ids = position_ids[None].expand(B, L)
+        if logits_rows is not None and logits_at is not None:
+            raise ValueError("pass logits_rows or logits_at, not both")
         if cache is not None:
             cache.begin(L, kv_start, store_kv)
         try:
             attn = self._attn_inputs(B, L, position_ids, attention_mask, cache, layout, x)
             cos, sin = self.rotary(position_ids, x.dtype)
-            for layer in self.model.layers:
+            # Rows nobody reads leave at the last layer (the fused attention kernels take whole rows only). Not
+            # with a sparse-MoE last layer: its expert GEMMs group the tokens, and fewer of them change the bits.
+            prune = (attn.block_mask is None and attn.cu_seqlens is None and bool(self.model.layers)
+                     and not isinstance(self.model.layers[-1].mlp, SparseMoE))
+            last = len(self.model.layers) - 1
+            for i, layer in enumerate(self.model.layers):
+                rows = logits_at if prune and i == last else None
                 if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                    x = checkpoint(layer, x, cos, sin, attn, use_reentrant=False)
+                    x = checkpoint(layer, x, cos, sin, attn, rows, use_reentrant=False)
                 else:
-                    x = layer(x, cos, sin, attn)
+                    x = layer(x, cos, sin, attn, rows)
+            if not prune:
+                x = take_rows(x, logits_at)
         finally:
             if cache is not None:
                 cache.end()

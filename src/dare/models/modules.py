@@ -6,7 +6,7 @@ group-limited routing. Module and parameter names follow Hugging Face Llama/Qwen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,19 @@ from torch import nn
 
 from .arch import ModelArch, MoESpec
 from .cache import KVCache
+from .fused import FusedProjections
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and not (
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        # Inference: one call, the same bits as the ops below. Not under autograd: its fused backward rounds
+        # differently from theirs (~1e-7), and training must stay bit for bit what it was.
+        return F.rms_norm(x, weight.shape, weight, eps)
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -23,10 +36,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -35,6 +45,9 @@ class RotaryEmbedding(nn.Module):
     ``inv_freq`` is deliberately not a buffer, so ``model.to(bfloat16)`` cannot round it. LLaDA2's
     model-card recipe (``from_pretrained`` then ``.to(bfloat16)``) does round it; ``follow_dtype``
     reproduces that by rounding to the activation dtype, which is what its bf16 reference logits need.
+
+    Returns ``cos`` and ``sin`` shaped [B, L, 1, R] (broadcast over heads), ``sin`` with its first half negated:
+    ``rotate_half(x) * sin == x.roll(R/2) * signed_sin`` exactly (only signs move), one op instead of four.
     """
 
     def __init__(self, rotary_dim: int, theta: float, follow_dtype: bool = False):
@@ -42,31 +55,60 @@ class RotaryEmbedding(nn.Module):
         exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
         self.inv_freq = 1.0 / (theta ** exponent)  # built on CPU even under a meta-device context
         self.follow_dtype = follow_dtype
+        self._tables: dict = {}
+
+    def _compute(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        inv = self.inv_freq.to(dtype).float() if self.follow_dtype else self.inv_freq
+        freqs = position_ids[..., None].float() * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        sin = emb.sin().to(dtype)
+        half = sin.shape[-1] // 2
+        return emb.cos().to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
         if self.inv_freq.device != position_ids.device:
             self.inv_freq = self.inv_freq.to(position_ids.device)
-        inv = self.inv_freq.to(dtype).float() if self.follow_dtype else self.inv_freq
-        freqs = position_ids[..., None].float() * inv
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+        if position_ids.device.type != "cpu":  # a table lookup would need the largest position on the host
+            cos, sin = self._compute(position_ids, dtype)
+            return cos.unsqueeze(2), sin.unsqueeze(2)
+        # On CPU: rows of a table of every position seen so far (the same values: cos/sin are elementwise),
+        # one lookup per forward instead of several small ops.
+        needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
+        table = self._tables.get(dtype)
+        if table is None or table[0].shape[0] < needed:
+            size = max(needed, 2 * (table[0].shape[0] if table is not None else 0), 256)
+            table = self._compute(torch.arange(size, device=position_ids.device), dtype)
+            self._tables[dtype] = table
+        return F.embedding(position_ids, table[0]).unsqueeze(2), F.embedding(position_ids, table[1]).unsqueeze(2)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
-    """x [B, H, L, D]; cos/sin [B, L, R] with R <= D (partial rotary leaves the tail unrotated)."""
+    """x [B, L, H, D] with cos and signed sin [B, L, 1, R] from ``RotaryEmbedding`` (or x [B, H, L, D] with them
+    transposed to [B, 1, L, R]), R <= D (partial rotary leaves the tail unrotated)."""
     rot = cos.shape[-1]
-    cos, sin = cos[:, None], sin[:, None]
-    xr, xp = x[..., :rot], x[..., rot:]
-    if full_precision:
-        out = (xr.float() * cos.float() + rotate_half(xr.float()) * sin.float()).to(x.dtype)
+    xr = x if rot == x.shape[-1] else x[..., :rot]
+    if full_precision and x.dtype != torch.float32:
+        xf = xr.float()
+        out = (xf * cos.float() + xf.roll(rot // 2, -1) * sin.float()).to(x.dtype)
     else:
-        out = xr * cos + rotate_half(xr) * sin
-    return torch.cat((out, xp), dim=-1) if xp.shape[-1] else out
+        out = xr * cos + xr.roll(rot // 2, -1) * sin
+    return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
+
+
+QuerySel = Union[slice, torch.Tensor]
+
+
+def take_rows(t: torch.Tensor, sel: Optional[QuerySel], dim: int = 1) -> torch.Tensor:
+    """Rows ``sel`` of ``t`` along ``dim``: a slice (a view), or positions [B, n] per batch row (a gather)."""
+    if sel is None or t.shape[dim] == 1:  # size-1 dimensions broadcast
+        return t
+    if isinstance(sel, slice):
+        return t[(slice(None),) * dim + (sel,)]
+    shape = list(t.shape)
+    shape[0], shape[dim] = sel.shape[0], sel.shape[1]
+    view = [sel.shape[0]] + [1] * (t.dim() - 1)
+    view[dim] = sel.shape[1]
+    return t.expand(sel.shape[0], *t.shape[1:]).gather(dim, sel.view(view).expand(shape))
 
 
 @dataclass
@@ -90,7 +132,9 @@ def _flex_attention(q, k, v, block_mask, scale, gqa):
     return _flex_compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
-class Attention(nn.Module):
+class Attention(FusedProjections, nn.Module):
+    _fused_groups = {"_fused_qkv": ("q_proj", "k_proj", "v_proj")}  # published separately (not LLaDA2)
+
     def __init__(self, arch: ModelArch, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -110,19 +154,47 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, arch.rms_norm_eps)
         self.rope_full_precision = getattr(arch, "rope_full_precision", False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnInputs) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, sel: Optional[QuerySel]):
+        """q [B, n, H, D] for the query rows ``sel`` (all rows when None), k and v [B, L, Hk, D], and the [q | k]
+        heads as one view when they come from one projection of the same rows (else None)."""
         B, L, _ = x.shape
         H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
         if self.fused:
-            q, k, v = self.qkv_proj(x).split([H * D, Hk * D, Hk * D], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k, v = q.view(B, L, H, D), k.view(B, L, Hk, D), v.view(B, L, Hk, D)
+            qkv = self.qkv_proj(x).view(B, L, H + 2 * Hk, D)
+            qk = qkv[:, :, :H + Hk] if sel is None else None
+            return take_rows(qkv[:, :, :H], sel), qkv[:, :, H:H + Hk], qkv[:, :, H + Hk:], qk
+        fw = self.live_fused("_fused_qkv")
+        if fw is None:
+            q = self.q_proj(take_rows(x, sel))
+            return q.view(B, q.shape[1], H, D), self.k_proj(x).view(B, L, Hk, D), self.v_proj(x).view(B, L, Hk, D), None
+        if sel is None:
+            qkv = F.linear(x, fw.weight, fw.bias).view(B, L, H + 2 * Hk, D)
+            return qkv[:, :, :H], qkv[:, :, H:H + Hk], qkv[:, :, H + Hk:], qkv[:, :, :H + Hk]
+        nq = H * D  # only the kept rows need queries; every row needs its key and value
+        bq, bkv = (None, None) if fw.bias is None else (fw.bias[:nq], fw.bias[nq:])
+        q = F.linear(take_rows(x, sel), fw.weight[:nq], bq)
+        kv = F.linear(x, fw.weight[nq:], bkv).view(B, L, 2 * Hk, D)
+        return q.view(B, q.shape[1], H, D), kv[:, :, :Hk], kv[:, :, Hk:], None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnInputs,
+                query_rows: Optional[QuerySel] = None) -> torch.Tensor:
+        """Attention of the rows ``query_rows`` of ``x`` (all rows when None) over every row (and the cache)."""
+        B, L, _ = x.shape
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v, qk = self._project(x, query_rows)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = apply_rope(q, cos, sin, self.rope_full_precision)
-        k = apply_rope(k, cos, sin, self.rope_full_precision)
+            q, k, qk = self.q_norm(q), self.k_norm(k), None
+        if qk is not None:  # one RoPE over the q and k heads together
+            qk = apply_rope(qk, cos, sin, self.rope_full_precision)
+            q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
+        else:
+            # RoPE on the [B, H, L, D] views, as the plain path always did: under autograd the memory layout decides
+            # the order in which weight gradients (q_norm, k_norm) are summed, and training keeps its bits.
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qcos, qsin = take_rows(cos, query_rows).transpose(1, 2), take_rows(sin, query_rows).transpose(1, 2)
+            q = apply_rope(q, qcos, qsin, self.rope_full_precision)
+            k = apply_rope(k, cos.transpose(1, 2), sin.transpose(1, 2), self.rope_full_precision)
+        Lq = q.shape[2]
         if attn.cache is not None:
             k, v = attn.cache.write(self.layer_idx, k, v)
         scale = D ** -0.5
@@ -136,15 +208,17 @@ class Attention(nn.Module):
         elif attn.block_mask is not None:
             out = _flex_attention(q, k, v, attn.block_mask, scale, gqa).transpose(1, 2).reshape(B, L, H * D)
         else:
-            mask = attn.mask
+            mask = take_rows(attn.mask, query_rows, dim=2) if attn.mask is not None and attn.mask.dim() == 4 else attn.mask
             if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
                 mask = mask.to(q.dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-            out = out.transpose(1, 2).reshape(B, L, H * D)
+            out = out.transpose(1, 2).reshape(B, Lq, H * D)
         return self.o_proj(out)
 
 
-class MLP(nn.Module):
+class MLP(FusedProjections, nn.Module):
+    _fused_groups = {"_fused_gate_up": ("gate_proj", "up_proj")}
+
     def __init__(self, hidden: int, intermediate: int, act: str = "silu"):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -154,7 +228,11 @@ class MLP(nn.Module):
             raise ValueError(f"unsupported activation {act!r} (only SwiGLU/silu is used by the supported families)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        fw = self.live_fused("_fused_gate_up")
+        if fw is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, fw.weight).chunk(2, dim=-1)  # a scratch tensor: update it in place
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class Router(nn.Module):
@@ -233,6 +311,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, x, cos, sin, attn: AttnInputs):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+    def forward(self, x, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySel] = None):
+        """The layer's output for rows ``query_rows`` of ``x`` (all when None; every row still gives keys/values)."""
+        x = take_rows(x, query_rows) + self.self_attn(self.input_layernorm(x), cos, sin, attn, query_rows)
         return x + self.mlp(self.post_attention_layernorm(x))

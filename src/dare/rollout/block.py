@@ -107,8 +107,6 @@ class BlockForward:
         st = self.st
         n = rows.numel()
         q0 = (self.final if first_step else c0) if self.use_cache else 0
-        want = torch.zeros((n, c1 - q0), dtype=torch.bool, device=st.x.device)
-        want[:, c0 - q0:] = True
         kw = {}
         if self.use_cache:
             cache = self.cache
@@ -118,7 +116,7 @@ class BlockForward:
                 cache = cache_rows(cache, torch.searchsorted(self.rows, rows))
             kw = dict(past_key_values=cache, kv_start=q0, store_kv=first_step)
         out = self.model(st.x[rows, q0:c1], attention_mask=self._mask(rows, q0, c1, c1), position_ids=st.pos[rows, q0:c1],
-                         logits_rows=want, **kw)
+                         logits_at=slice(c0 - q0, c1 - q0), **kw)
         if self.use_cache and first_step:
             self.final = c0  # everything before this block is final now; the block's own slots are scratch
         return out.logits.float().view(n, c1 - c0, -1)

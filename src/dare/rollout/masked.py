@@ -107,10 +107,8 @@ class MaskedForward:
         if self.cfg_scale > 0:  # unconditional branch: prompt tokens masked, run in the same batch
             un = ids.masked_fill(st.is_prompt[rows, f0:f1], st.mask_id)
             ids, valid, pos = torch.cat([ids, un]), torch.cat([valid, valid]), torch.cat([pos, pos])
-        want = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-        want[:, c0 - self.shift - f0:c1 - self.shift - f0] = True
         out = self.model(ids, attention_mask=None if self.all_valid else valid, position_ids=pos,
-                         logits_rows=want, **kw).logits.float()
+                         logits_at=slice(c0 - self.shift - f0, c1 - self.shift - f0), **kw).logits.float()
         logits = out.view(ids.shape[0], c1 - c0, -1)
         if self.cfg_scale > 0:
             cond, uncond = logits[:n], logits[n:]

@@ -43,7 +43,10 @@ class CopyReference:
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module) -> "CopyReference":
-        return cls(copy.deepcopy(policy))
+        model = copy.deepcopy(policy)
+        if hasattr(model, "fuse_projections"):  # deepcopy gives every view its own storage
+            model.fuse_projections()
+        return cls(model)
 
     @contextlib.contextmanager
     def scoring(self):

@@ -67,7 +67,7 @@ class Family:
         from ..model import DiffusionLM
         arch, adapter = self.arch(cfg), self.adapter(cfg, mask_token_id)
         if init:
-            return DiffusionLM(arch, adapter, cfg, self.name, attn_backend).to(dtype=dtype, device=device)
+            return DiffusionLM(arch, adapter, cfg, self.name, attn_backend).to(dtype=dtype, device=device).fuse_projections()
         import torch
         with torch.device("meta"):
             return DiffusionLM(arch, adapter, cfg, self.name, attn_backend)
@@ -77,7 +77,7 @@ class Family:
         from ..loading import load_state_dict_checked, read_state_dict
         model = self.build(cfg, mask_token_id, attn_backend=attn_backend, init=False)
         load_state_dict_checked(model, read_state_dict(folder, self), dtype, str(folder))
-        return model
+        return model.fuse_projections()  # after loading: assign-loading gave every weight its own storage
 
     # --- helpers ---------------------------------------------------------------------------------
     def check_supported(self, cfg: dict) -> None:
