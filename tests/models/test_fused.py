@@ -112,7 +112,12 @@ def test_save_round_trip_and_reference_copy(tmp_path):
     again = load_model(tmp_path, dtype=torch.float32)
     for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(again.state_dict().items())):
         assert torch.equal(a, b), k
-        assert b.untyped_storage().nbytes() >= b.numel() * b.element_size()
+    # the saved file holds every projection as its own published tensor (views of a fused buffer are written
+    # as copies: safetensors refuses tensors that share storage)
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as saved, \
+            safe_open(str(FIXTURES / "sdar-tiny" / "model.safetensors"), framework="pt") as published:
+        assert sorted(saved.keys()) == sorted(published.keys())
     ref = CopyReference.from_policy(model)  # deepcopy gives views their own storage: the copy fuses again
     with torch.no_grad():
         assert _mlp(ref.model).live_fused("_fused_gate_up") is not None
