@@ -231,14 +231,17 @@ class Trainer:
             with self._autocast():
                 batch, rollout_metrics = self.algo.collect(self.rollout, ctx, batch, self.model)
             metrics.update(rollout_metrics)
+        t_prepare = time.perf_counter()
         with self._autocast():
             stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
+        metrics["prepare_time"] = time.perf_counter() - t_prepare  # corruption + old / reference / companion scoring
         adv = self.algo.advantages(ctx, batch)  # (4)
         if adv is not None:
             batch["advantages"] = adv
         ctx.norms = self.env.all_reduce_sums(self.algo.normalizers(batch))
         sums: dict[str, float] = defaultdict(float)
         n_it = self.algo.inner_iterations
+        t_update = time.perf_counter()
 
         def grad_sync(flag: bool) -> None:  # FSDP: reduce gradients on the last micro-batch only
             set_grad_sync(self.model, flag)
@@ -257,6 +260,7 @@ class Trainer:
                 metrics["skipped"] = 1.0
                 break
         metrics.update(sums)
+        metrics["update_time"] = time.perf_counter() - t_update  # forward + backward + optimizer, every inner iteration
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["step_time"] = time.perf_counter() - t0
         sync_every, alpha = self.algo.reference_sync
