@@ -1,16 +1,12 @@
 """The methods benchmark (JustGRPO forwards, d-TreeRPO tree cost) runs end to end and prints its two tables."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from tests.scripts import load_script
 
 
 @pytest.mark.slow
 def test_bench_methods_quick(capsys):
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_methods.py"
-    spec = importlib.util.spec_from_file_location("bench_methods", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("benchmarks/bench_methods.py")
     assert mod.main(["--quick"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]

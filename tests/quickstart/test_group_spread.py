@@ -1,18 +1,13 @@
 """scripts/group_spread.py: the group statistics behind d1's temperature note (docs/algorithms/d1.md)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "group_spread.py"
+from tests.scripts import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("group_spread", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/group_spread.py")
 
 
 def test_spread_of_hand_made_groups(tmp_path):

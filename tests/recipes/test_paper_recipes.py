@@ -5,9 +5,7 @@ a TrainRecipe with the unified settings, the mixed math file and the documented 
 *starts* on CPU (one optimisation step) with a tiny model of its family substituted.
 """
 import dataclasses
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,23 +18,14 @@ from dare.data import DataConfig, load_examples
 from dare.eval.benchmarks import resolve_benchmarks
 from dare.models import tiny, tiny_tokenizer
 from dare.rewards import get_reward
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
 load_builtin_algorithms()
 
 
-def _script():
-    name = "make_paper_recipes"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses resolve their module while the file executes
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-MPR = _script()
+MPR = load_script("scripts/make_paper_recipes.py")
 RECIPES = sorted((ROOT / "recipes" / "paper").rglob("*.yaml"))
 MODEL_OF = {m.folder: m for m in MPR.MODELS}
 

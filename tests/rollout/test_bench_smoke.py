@@ -1,17 +1,13 @@
 """The rollout benchmark runs end to end (small model, short generations) and prints its three tables; every row of
 a batched group equals its serial decode."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from tests.scripts import load_script
 
 
 @pytest.mark.slow
 def test_bench_rollout_quick(capsys):
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_rollout.py"
-    spec = importlib.util.spec_from_file_location("bench_rollout", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("benchmarks/bench_rollout.py")
     assert mod.main(["--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")]

@@ -1,22 +1,15 @@
 """The RL-step benchmark's naive baseline computes the same numbers as ours (it only computes them the slow way),
 and the benchmark runs end to end."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from dare.diffusion import score_targets
 from dare.models import tiny
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_rl_step.py"
+from tests.scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_rl_step", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_rl_step.py")
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
