@@ -45,9 +45,10 @@ def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
     # the authors' LoRA adapters (r 128, alpha 64) for the methods trained with LoRA; the reference stays a copy
     assert {"lora.enabled=true", "lora.r=128", "lora.alpha=64", "reference.mode=copy"} <= set(ov)
     assert not any(o.startswith("lora.") for o in paper_overrides(coupled, coupled, 1e-4, "sudoku"))
-    # documented embedded-task factors on the relative lr (wd1 x 1/3, BGPO x 0.5, MDPO x 0.1, JustGRPO x 0.2): the
-    # rate is the product, formatted so a run made with `--set <method>:optim.lr=<that rate>` is the same run
-    factors = {"wd1": "optim.lr=0.0001", "bgpo": "optim.lr=5e-05", "mdpo": "optim.lr=0.0001", "justgrpo": "optim.lr=0.0001"}
+    # documented embedded-task factors on the relative lr (wd1 x 1/3, BGPO x 0.5, MDPO x 0.1, JustGRPO x 0.2,
+    # d-TreeRPO x 0.5): the rate is the product, formatted so a run made with `--set <method>:optim.lr=<that rate>` is the same run
+    factors = {"wd1": "optim.lr=0.0001", "bgpo": "optim.lr=5e-05", "mdpo": "optim.lr=0.0001", "justgrpo": "optim.lr=0.0001",
+               "dtreerpo": "optim.lr=0.0015"}
     for name, want in factors.items():
         assert want in paper_overrides(get_algorithm(name), coupled, 1e-4, "sudoku"), name
 
