@@ -36,6 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from dare.config.recipe import load_recipe  # noqa: E402
+from dare.diffusion import logprob  # noqa: E402
 from dare.models import load_tokenizer, tiny  # noqa: E402
 from dare.models.model import DiffusionLM  # noqa: E402
 from dare.models.modules import take_rows  # noqa: E402
@@ -46,18 +47,13 @@ QUICKSTART_MODEL = ROOT / "src/dare/assets/quickstart/lazy-sudoku-llada-sft"
 PHASES = ("rollout_time", "reward_time", "prepare_time", "update_time")
 PHASE_NAMES = {"rollout_time": "rollout", "reward_time": "reward", "prepare_time": "old / ref scoring",
                "update_time": "update"}
-# Modules that imported score_targets by name (the naive pipeline swaps it there).
-SCORING_MODULES = ("dare.algorithms.base", "dare.algorithms.espo", "dare.algorithms.justgrpo", "dare.algorithms.mdpo",
-                   "dare.algorithms.spg")
 
 
 def naive_score_targets(model, input_ids, targets, labels, *, attention_mask=None, position_ids=None, layout=None,
                         chunk_size=None, temperature=1.0, with_entropy=False):
     """``score_targets`` the straightforward way: full ``[B, L, V]`` logits, a log-softmax over all of them, gather."""
     logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids, layout=layout).logits.float()
-    cap = model.adapter.logit_softcap
-    if cap:
-        logits = cap * torch.tanh(logits / cap)
+    logits = logprob._capped(logits, model.adapter.logit_softcap)
     logp_all = F.log_softmax(logits / temperature, dim=-1)
     b, col = targets.nonzero(as_tuple=True)
     rows = model.adapter.prediction_rows(col)
@@ -71,12 +67,19 @@ def naive_score_targets(model, input_ids, targets, labels, *, attention_mask=Non
     return dense, dense_ent
 
 
+def score_targets_holders() -> list:
+    """Every loaded dare module that holds ``score_targets`` by name (the algorithms import it that way), found at
+    swap time so that a module added later is swapped too."""
+    return [m for name, m in list(sys.modules.items())
+            if name.startswith("dare.") and getattr(m, "score_targets", None) is logprob.score_targets]
+
+
 @contextlib.contextmanager
 def naive_pipeline():
     """Full-vocabulary logits everywhere: every forward that asks for some rows' logits computes all of them first,
     and the scorers use ``naive_score_targets``. (The recipe turns the rollout's cache off.)"""
-    import importlib
     real_forward = DiffusionLM.forward
+    real_score_targets = logprob.score_targets
 
     def full_logits_forward(self, *args, logits_at=None, **kw):
         out = real_forward(self, *args, **kw)
@@ -84,8 +87,7 @@ def naive_pipeline():
             out.logits = take_rows(out.logits, logits_at)
         return out
 
-    modules = [importlib.import_module(m) for m in SCORING_MODULES]
-    saved = [m.score_targets for m in modules]
+    modules = score_targets_holders()
     DiffusionLM.forward = full_logits_forward
     for m in modules:
         m.score_targets = naive_score_targets
@@ -93,8 +95,8 @@ def naive_pipeline():
         yield
     finally:
         DiffusionLM.forward = real_forward
-        for m, fn in zip(modules, saved):
-            m.score_targets = fn
+        for m in modules:
+            m.score_targets = real_score_targets
 
 
 def mid_checkpoint(folder: Path) -> Path:

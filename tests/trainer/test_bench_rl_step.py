@@ -30,7 +30,9 @@ def test_naive_scoring_matches_chunked_scoring(family):
 
 def test_naive_pipeline_logits_equal_and_restores():
     bench = _bench()
+    from dare.algorithms import base, load_builtin_algorithms
     from dare.models.model import DiffusionLM
+    load_builtin_algorithms()
     model = tiny("llada", seed=0)
     real_forward = DiffusionLM.forward
     ids = torch.randint(3, 200, (2, 10))
@@ -38,8 +40,9 @@ def test_naive_pipeline_logits_equal_and_restores():
         pruned = model(ids, logits_at=slice(4, 8)).logits
         with bench.naive_pipeline():
             full = model(ids, logits_at=slice(4, 8)).logits
+            assert base.score_targets is bench.naive_score_targets  # the likelihood estimator every method shares
     assert full.shape == pruned.shape and torch.equal(full, pruned)
-    assert DiffusionLM.forward is real_forward
+    assert DiffusionLM.forward is real_forward and base.score_targets is score_targets
 
 
 @pytest.mark.slow
