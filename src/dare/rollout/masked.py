@@ -207,7 +207,7 @@ def _decide(ctx: _StepContext, logits: torch.Tensor, counts: torch.Tensor, run_c
     eligible = cur == st.mask_id
     gens = st.row_gens(rows)
     cand = propose(logits, ctx.remask, cfg.temperature, cfg.top_k, cfg.top_p, gens, masked_model=True,
-                   forbid=st.mask_id)
+                   forbid=st.mask_id, eligible=eligible)
     score = cand.score
     if cfg.suppress_eos_confidence:
         score = suppress_stops(score, cand.x0, st.stop_ids)

@@ -72,7 +72,12 @@ def filter_logits(logits: torch.Tensor, top_k: Optional[int], top_p: Optional[fl
 
 
 def _per_row_uniform(gens: Sequence[torch.Generator], shape, dtype, device) -> torch.Tensor:
-    return torch.stack([torch.rand(shape, generator=g, dtype=dtype, device=device) for g in gens])
+    """U(0, 1) of ``shape`` for every row from its own generator, written in place (the same draws as one
+    ``torch.rand(shape, generator=g)`` per row, without stacking copies)."""
+    out = torch.empty((len(gens), *shape), dtype=dtype, device=device)
+    for r, g in enumerate(gens):
+        out[r].uniform_(0.0, 1.0, generator=g)
+    return out
 
 
 def _categorical(probs: torch.Tensor, gens: Sequence[torch.Generator]) -> torch.Tensor:
@@ -92,7 +97,7 @@ def _argmax_excluding(scores: torch.Tensor, token: Optional[int]) -> torch.Tenso
     forever. A trained model never predicts it, a random one can. Where the argmax is not ``token`` this is
     exactly ``argmax`` (first index on ties), so decoding equals the references'."""
     x0 = scores.argmax(-1)
-    if token is None:
+    if token is None or not bool((x0 == token).any()):  # the second-best pass only where it can matter
         return x0
     top2 = scores.topk(2, dim=-1).indices
     alt = torch.where(top2[..., 0] == token, top2[..., 1], top2[..., 0])
@@ -112,23 +117,45 @@ def _prob_at(logits: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype, chunk_
     return out.view(idx.shape)
 
 
+def _gumbel64(logits: torch.Tensor, u: Optional[torch.Tensor], temperature: float, top_k, top_p,
+              forbid: Optional[int], confidence: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """LLaDA's float64 Gumbel-max on positions ``logits [n, V]`` with their uniforms ``u [n, V]`` (None when
+    greedy): argmax exp(l) / (-log u)^T == a sample from softmax(l / T); and p(x0) under the float64 softmax.
+    ``u`` is consumed (the same elementwise ops as the out-of-place formula, so the same bits)."""
+    filt = filter_logits(logits, top_k, top_p)
+    if u is not None:
+        x0 = _argmax_excluding(filt.double().exp_().div_(u.log_().neg_().pow_(temperature)), forbid)
+    else:
+        x0 = _argmax_excluding(filt, forbid)
+    return x0, (_prob_at(filt, x0, torch.float64) if confidence else None)
+
+
 def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, top_p,
-            gens: Optional[Sequence[torch.Generator]], masked_model: bool, forbid: Optional[int] = None) -> Candidates:
+            gens: Optional[Sequence[torch.Generator]], masked_model: bool, forbid: Optional[int] = None,
+            eligible: Optional[torch.Tensor] = None) -> Candidates:
     """Candidate tokens and their scores for every position of the block (never the ``forbid`` token;
-    confidences still come from the full distribution)."""
+    confidences still come from the full distribution).
+
+    ``eligible [R, L]``: the caller reads candidates only there (masked positions), so the vocabulary-wide work
+    (sampling, confidences) runs only there; elsewhere x0 is 0 and the score 0. Every row still draws its
+    random numbers for the whole block, so its random stream, and every eligible result, is unchanged."""
     logits = logits.float()
     if masked_model and remask.gumbel64:
-        filt = filter_logits(logits, top_k, top_p)
-        if temperature > 0:
-            # LLaDA: argmax exp(l) / (-log u)^T in float64 == a sample from softmax(l / T).
-            u = _per_row_uniform(gens, logits.shape[1:], torch.float64, logits.device)
-            x0 = _argmax_excluding(filt.double().exp() / (-torch.log(u)) ** temperature, forbid)
+        R, L, V = logits.shape
+        u = _per_row_uniform(gens, (L, V), torch.float64, logits.device) if temperature > 0 else None
+        conf = remask.score != "uniform"
+        if eligible is None or bool(eligible.all()):
+            x0, score = _gumbel64(logits.view(R * L, V), None if u is None else u.view(R * L, V), temperature,
+                                  top_k, top_p, forbid, conf)
+            x0, score = x0.view(R, L), (score.view(R, L) if conf else None)
         else:
-            x0 = _argmax_excluding(filt, forbid)
-        if remask.score == "uniform":
-            score = _per_row_uniform(gens, x0.shape[1:], torch.float32, x0.device)
-        else:
-            score = _prob_at(filt, x0, torch.float64)
+            x0_e, score_e = _gumbel64(logits[eligible], None if u is None else u[eligible], temperature, top_k,
+                                      top_p, forbid, conf)
+            x0 = torch.zeros((R, L), dtype=torch.long, device=logits.device).masked_scatter_(eligible, x0_e)
+            score = None if not conf else torch.zeros((R, L), dtype=torch.float64,
+                                                       device=logits.device).masked_scatter_(eligible, score_e)
+        if not conf:
+            score = _per_row_uniform(gens, (L,), torch.float32, x0.device)
         return Candidates(x0, score)
     scaled = logits / temperature if temperature > 0 else logits
     filt = filter_logits(scaled, top_k, top_p)
