@@ -146,6 +146,28 @@ def test_logits_at_equals_rows_of_the_full_forward(name):
         model(x, logits_at=slice(0, 2), logits_rows=torch.ones_like(x, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny", "lladamoe-tiny"])
+def test_logits_keep_packs_the_kept_rows_with_the_bits_of_the_full_forward(name):
+    """Samplers ask for the logits of masked positions only: however few rows are kept (fewer than a CPU GEMM's
+    small-row threshold included), each gets exactly the bits it gets among all rows."""
+    model = load_model(FIXTURES / name, dtype=torch.float32, mask_token_id=5)
+    x = _ids(model, n=3, L=30)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        full = model(x, logits_at=slice(10, 26)).logits
+        cache = model.new_cache(30)
+        model(x, past_key_values=cache, store_kv=True)
+        step = model(x[:, 8:28], past_key_values=cache, kv_start=8, logits_at=slice(2, 18)).logits
+        for frac in (0.02, 0.2, 0.6, 1.0):
+            keep = torch.rand(3, 16, generator=g) < frac
+            keep[1, 3] = True
+            got = model(x, logits_at=slice(10, 26), logits_keep=keep).logits
+            assert got.shape == (int(keep.sum()), full.shape[-1])
+            assert torch.equal(got, full[keep])
+            got = model(x[:, 8:28], past_key_values=cache, kv_start=8, logits_at=slice(2, 18), logits_keep=keep).logits
+            assert torch.equal(got, step[keep])
+
+
 def test_rms_norm_fast_path_only_at_inference_and_bit_equal():
     from dare.models.modules import rms_norm
 

@@ -9,6 +9,8 @@ call it takes what diffusion samplers and trainers need:
 * ``logits_rows`` to run the LM head only on the positions a loss or a sampler reads, or ``logits_at`` (a slice or
   per-row positions): logits ``[B, n, V]`` of those rows, and the last layer computes queries, attention and MLP
   only for them (every row still gives its keys and values),
+* ``logits_keep`` (bool over the rows ``logits_at`` selects): logits of the kept rows only, packed ``[k, V]`` in
+  row-major order; the last layer's MLP, the final norm and the LM head run only for them (samplers: masked positions),
 * ``return_hidden`` / ``compute_logits=False`` for chunked linear + cross-entropy.
 """
 from __future__ import annotations
@@ -28,6 +30,20 @@ from .fused import FusedProjections
 from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
+# CPU GEMM kernels round a row differently when the product has fewer rows than this (a small-M code path), so
+# packed ``logits_keep`` rows are padded up to it: a kept row then gets the bits it gets among all rows.
+MIN_EXACT_GEMM_ROWS = 16
+
+
+def _kept_rows(keep: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Flat indices of the True entries of ``keep [B, n]`` (padded with index 0 up to ``MIN_EXACT_GEMM_ROWS`` or
+    B * n rows, whichever is smaller) and how many are real."""
+    flat = keep.reshape(-1).nonzero().flatten()
+    k = flat.numel()
+    pad = min(MIN_EXACT_GEMM_ROWS, keep.numel()) - k
+    if pad > 0:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return flat, k
 
 
 @dataclass
@@ -158,6 +174,7 @@ class DiffusionLM(nn.Module):
         layout: Optional[masks.TokenLayout] = None,
         logits_rows: Optional[torch.Tensor] = None,
         logits_at: Optional[QuerySel] = None,
+        logits_keep: Optional[torch.Tensor] = None,
         return_hidden: bool = False,
         compute_logits: bool = True,
         inputs_embeds: Optional[torch.Tensor] = None,
@@ -179,8 +196,9 @@ class DiffusionLM(nn.Module):
                 position_ids = torch.arange(start, start + L, device=x.device).expand(B, L)
         elif position_ids.dim() == 1:
             position_ids = position_ids[None].expand(B, L)
-        if logits_rows is not None and logits_at is not None:
-            raise ValueError("pass logits_rows or logits_at, not both")
+        if logits_rows is not None and (logits_at is not None or logits_keep is not None):
+            raise ValueError("pass logits_rows or logits_at / logits_keep, not both")
+        keep, n_keep = _kept_rows(logits_keep) if logits_keep is not None else (None, 0)
         if cache is not None:
             cache.begin(L, kv_start, store_kv)
         try:
@@ -192,13 +210,15 @@ class DiffusionLM(nn.Module):
                      and not isinstance(self.model.layers[-1].mlp, SparseMoE))
             last = len(self.model.layers) - 1
             for i, layer in enumerate(self.model.layers):
-                rows = logits_at if prune and i == last else None
+                rows, kept = (logits_at, keep) if prune and i == last else (None, None)
                 if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                    x = checkpoint(layer, x, cos, sin, attn, rows, use_reentrant=False)
+                    x = checkpoint(layer, x, cos, sin, attn, rows, kept, use_reentrant=False)
                 else:
-                    x = layer(x, cos, sin, attn, rows)
+                    x = layer(x, cos, sin, attn, rows, kept)
             if not prune:
                 x = take_rows(x, logits_at)
+                if keep is not None:
+                    x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
         finally:
             if cache is not None:
                 cache.end()
@@ -206,6 +226,10 @@ class DiffusionLM(nn.Module):
         logits = None
         if compute_logits:
             logits = self.lm_head(h[logits_rows] if logits_rows is not None else h)
+            if keep is not None:
+                logits = logits[:n_keep]  # drop the padding rows (after the last GEMM)
+        if keep is not None:
+            h = h[:n_keep]
         return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
 
     def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 5 * 2**30) -> None:

@@ -311,7 +311,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, x, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySel] = None):
-        """The layer's output for rows ``query_rows`` of ``x`` (all when None; every row still gives keys/values)."""
+    def forward(self, x, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySel] = None,
+                keep: Optional[torch.Tensor] = None):
+        """The layer's output for rows ``query_rows`` of ``x`` (all when None; every row still gives keys/values);
+        with ``keep`` (flat indices into those [B * n] rows) only the kept rows go on to the MLP, packed [k, hidden]."""
         x = take_rows(x, query_rows) + self.self_attn(self.input_layernorm(x), cos, sin, attn, query_rows)
+        if keep is not None:
+            x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
         return x + self.mlp(self.post_attention_layernorm(x))

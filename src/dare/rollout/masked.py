@@ -25,7 +25,7 @@ import torch
 from . import schedule as sched
 from .config import SamplerConfig
 from .selection import (REMASKINGS, propose, ranks, scale_stops, select_dynamic, select_factor, select_sampled,
-                        select_threshold, select_top, suppress_stops)
+                        select_threshold, select_top, suppress_stops, takes_packed_logits)
 from .state import DecodeState, PromptBatch, cache_rows
 
 
@@ -92,7 +92,8 @@ def build_masked_state(batch: PromptBatch, cfg: SamplerConfig, mask_id: int, sto
 
 
 class MaskedForward:
-    """Model calls of one cache mode; returns prediction-aligned logits [n, BL, V] of the block rows."""
+    """Model calls of one cache mode; returns prediction-aligned logits [n, BL, V] of the block rows, or with
+    ``keep [n, BL]`` (bool) the logits of the kept positions only, packed [k, V] in row-major order."""
 
     def __init__(self, model, st: DecodeState, cfg: SamplerConfig):
         self.model, self.st, self.kind, self.cfg_scale = model, st, cfg.cache, cfg.cfg_scale
@@ -100,34 +101,37 @@ class MaskedForward:
         self.all_valid = bool(st.valid.all())
         self.cache = None
 
-    def _call(self, rows, f0: int, f1: int, c0: int, c1: int, **kw) -> torch.Tensor:
+    def _call(self, rows, f0: int, f1: int, c0: int, c1: int, keep=None, **kw) -> torch.Tensor:
         st = self.st
         ids, valid, pos = st.x[rows, f0:f1], st.valid[rows], st.pos[rows, f0:f1]
         n = ids.shape[0]
         if self.cfg_scale > 0:  # unconditional branch: prompt tokens masked, run in the same batch
             un = ids.masked_fill(st.is_prompt[rows, f0:f1], st.mask_id)
             ids, valid, pos = torch.cat([ids, un]), torch.cat([valid, valid]), torch.cat([pos, pos])
+            keep = None if keep is None else torch.cat([keep, keep])
         out = self.model(ids, attention_mask=None if self.all_valid else valid, position_ids=pos,
-                         logits_at=slice(c0 - self.shift - f0, c1 - self.shift - f0), **kw).logits.float()
-        logits = out.view(ids.shape[0], c1 - c0, -1)
+                         logits_at=slice(c0 - self.shift - f0, c1 - self.shift - f0), logits_keep=keep,
+                         **kw).logits.float()
+        logits = out if keep is not None else out.view(ids.shape[0], c1 - c0, -1)
         if self.cfg_scale > 0:
-            cond, uncond = logits[:n], logits[n:]
+            half = logits.shape[0] // 2  # conditional rows (or kept positions) first
+            cond, uncond = logits[:half], logits[half:]
             logits = uncond + (self.cfg_scale + 1) * (cond - uncond)
         return logits
 
-    def full(self, rows, c0: int, c1: int) -> torch.Tensor:
-        return self._call(rows, 0, self.st.x.shape[1], c0, c1)
+    def full(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
+        return self._call(rows, 0, self.st.x.shape[1], c0, c1, keep)
 
-    def refresh(self, rows, c0: int, c1: int) -> torch.Tensor:
+    def refresh(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
         """Full forward that (re)builds the cache of every position, then keeps what the mode needs."""
         W = self.st.x.shape[1]
         self.cache, self.rows = self.model.new_cache(W), rows
-        logits = self._call(rows, 0, W, c0, c1, past_key_values=self.cache, store_kv=True)
+        logits = self._call(rows, 0, W, c0, c1, keep, past_key_values=self.cache, store_kv=True)
         if self.kind == "prefix":
             self.cache.crop(c0 - self.shift)
         return logits
 
-    def step(self, rows, c0: int, c1: int) -> torch.Tensor:
+    def step(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
         """A cached step for ``rows`` (a subset of the refreshed rows: the step's keys/values are scratch)."""
         cache = self.cache
         if rows.numel() != self.rows.numel():
@@ -137,8 +141,8 @@ class MaskedForward:
             cache = cache_rows(cache, idx)
         f0 = c0 - self.shift
         if self.kind == "prefix":
-            return self._call(rows, f0, self.st.x.shape[1], c0, c1, past_key_values=cache)
-        return self._call(rows, f0, c1, c0, c1, past_key_values=cache, kv_start=f0)
+            return self._call(rows, f0, self.st.x.shape[1], c0, c1, keep, past_key_values=cache)
+        return self._call(rows, f0, c1, c0, c1, keep, past_key_values=cache, kv_start=f0)
 
 
 def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
@@ -146,6 +150,9 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
     blocks = masked_blocks(cfg)
     total_steps = sum(blk.steps for blk in blocks)
     fwd = MaskedForward(model, st, cfg)
+    # Only masked positions are decided, so only they need logits (the last layer's MLP and the LM head run for
+    # them alone) where the remasking scores positions on their own.
+    packed = takes_packed_logits(remask, masked_model=True)
     cached = cfg.cache in ("prefix", "dual")
     P, mask_id = int(st.gen_start[0]), st.mask_id
     b0, i0 = st.start
@@ -169,19 +176,23 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
         while True:
             if st.should_pause(b, i):
                 return
-            open_ = (st.x[act, c0:c1] == mask_id).any(1) & ~st.finished[act]
+            masked_now = st.x[act, c0:c1] == mask_id
+            open_ = masked_now.any(1) & ~st.finished[act]
             if not bool(open_.any()):
                 break
             if i > max(spb, BL):  # every rule commits >= 1 token per step, or the schedule's count
                 raise RuntimeError(f"block {b} did not finish after {i} steps (sampler bug)")
             if cached and i == first:  # the refresh builds the cache of every active row (also on resume)
-                logits = fwd.refresh(act, c0, c1)[open_]
+                if packed:
+                    logits = fwd.refresh(act, c0, c1, keep=masked_now & open_[:, None])
+                else:
+                    logits = fwd.refresh(act, c0, c1)[open_]
             else:
-                logits = (fwd.step if cached else fwd.full)(act[open_], c0, c1)
+                logits = (fwd.step if cached else fwd.full)(act[open_], c0, c1, keep=masked_now[open_] if packed else None)
             st.nfe += 1
             rows = act[open_]
             step_i = min(i, spb - 1)
-            ctx = _StepContext(cfg, remask, st, rows, c0, step_i, spb, total_steps, grid)
+            ctx = _StepContext(cfg, remask, st, rows, c0, BL, step_i, spb, total_steps, grid)
             new_conf = _decide(ctx, logits, counts[open_], run_conf[open_])
             if new_conf is not None:
                 run_conf[open_] = new_conf
@@ -194,15 +205,16 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
 
 
 class _StepContext:
-    def __init__(self, cfg, remask, st, rows, c0, step_i, spb, total_steps, grid):
-        self.cfg, self.remask, self.st, self.rows, self.c0 = cfg, remask, st, rows, c0
+    def __init__(self, cfg, remask, st, rows, c0, block_length, step_i, spb, total_steps, grid):
+        self.cfg, self.remask, self.st, self.rows, self.c0, self.block_length = cfg, remask, st, rows, c0, block_length
         self.i, self.spb, self.total_steps, self.grid = step_i, spb, total_steps, grid
 
 
 def _decide(ctx: _StepContext, logits: torch.Tensor, counts: torch.Tensor, run_conf: torch.Tensor) -> Optional[torch.Tensor]:
-    """Choose and commit this step's tokens for ``ctx.rows``; returns the new running confidences (RCR)."""
+    """Choose and commit this step's tokens for ``ctx.rows`` from the block's logits [n, BL, V] (or those of its
+    masked positions, packed [k, V]); returns the new running confidences (RCR)."""
     cfg, st, rows, c0 = ctx.cfg, ctx.st, ctx.rows, ctx.c0
-    BL = logits.shape[1]
+    BL = ctx.block_length
     cur = st.x[rows, c0:c0 + BL]
     eligible = cur == st.mask_id
     gens = st.row_gens(rows)

@@ -130,6 +130,13 @@ def _gumbel64(logits: torch.Tensor, u: Optional[torch.Tensor], temperature: floa
     return x0, (_prob_at(filt, x0, torch.float64) if confidence else None)
 
 
+def takes_packed_logits(remask: Remasking, masked_model: bool) -> bool:
+    """Whether ``propose`` can work from the logits of the eligible positions alone (``logits [n, V]``): the
+    float64 Gumbel-max convention scores every position on its own; the categorical one draws per row over the
+    whole block."""
+    return masked_model and remask.gumbel64
+
+
 def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, top_p,
             gens: Optional[Sequence[torch.Generator]], masked_model: bool, forbid: Optional[int] = None,
             eligible: Optional[torch.Tensor] = None) -> Candidates:
@@ -138,19 +145,25 @@ def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, 
 
     ``eligible [R, L]``: the caller reads candidates only there (masked positions), so the vocabulary-wide work
     (sampling, confidences) runs only there; elsewhere x0 is 0 and the score 0. Every row still draws its
-    random numbers for the whole block, so its random stream, and every eligible result, is unchanged."""
+    random numbers for the whole block, so its random stream, and every eligible result, is unchanged. Where
+    ``takes_packed_logits``, ``logits`` may be ``[n, V]``: the eligible positions only, in row-major order."""
     logits = logits.float()
+    packed = logits.dim() == 2
+    if packed and (eligible is None or not takes_packed_logits(remask, masked_model)):
+        raise ValueError(f"packed logits [n, V] need eligible positions and a remasking that scores positions on "
+                         f"their own (remasking {remask.name!r}, masked model: {masked_model})")
     if masked_model and remask.gumbel64:
-        R, L, V = logits.shape
+        R, L = eligible.shape if packed else logits.shape[:2]
+        V = logits.shape[-1]
         u = _per_row_uniform(gens, (L, V), torch.float64, logits.device) if temperature > 0 else None
         conf = remask.score != "uniform"
-        if eligible is None or bool(eligible.all()):
+        if not packed and (eligible is None or bool(eligible.all())):
             x0, score = _gumbel64(logits.view(R * L, V), None if u is None else u.view(R * L, V), temperature,
                                   top_k, top_p, forbid, conf)
             x0, score = x0.view(R, L), (score.view(R, L) if conf else None)
         else:
-            x0_e, score_e = _gumbel64(logits[eligible], None if u is None else u[eligible], temperature, top_k,
-                                      top_p, forbid, conf)
+            x0_e, score_e = _gumbel64(logits if packed else logits[eligible], None if u is None else u[eligible],
+                                      temperature, top_k, top_p, forbid, conf)
             x0 = torch.zeros((R, L), dtype=torch.long, device=logits.device).masked_scatter_(eligible, x0_e)
             score = None if not conf else torch.zeros((R, L), dtype=torch.float64,
                                                        device=logits.device).masked_scatter_(eligible, score_e)
