@@ -40,7 +40,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout_profile import gemm_rates, profile_decode  # noqa: E402
+from rollout_profile import count_flops, gemm_rates, profile_decode  # noqa: E402
 
 from dare.models import load_model, tiny  # noqa: E402
 from dare.rollout import SamplerConfig, generate  # noqa: E402
@@ -130,7 +130,11 @@ def bench_single(model, ref, prompt, G, BL, threads_list, repeats) -> list[dict]
 
 
 def bench_group(name, model, prompts, cfg, seeds, repeats, threads) -> dict:
-    """One batched call over all rows vs one call per row (same seeds: row i of the batch is serial call i)."""
+    """One batched call over all rows vs one call per row (same seeds: row i of the batch is serial call i).
+
+    Also the ceiling on the speed-up this machine allows: the batched call cannot take less than its FLOPs
+    (counted) at the best fp32 GEMM rate measured in the same run (a 1024^3 product or the model's projections at
+    the batched step's rows), so no batching of the same work beats serial seconds / that floor."""
     batched, serial, ratios, identical = [], [], [], True
     nfe_serial = 0
     for rep in range(repeats):
@@ -146,9 +150,14 @@ def bench_group(name, model, prompts, cfg, seeds, repeats, threads) -> dict:
         serial.append(dt_s)
         ratios.append(dt_s / dt_b)
         print(f"  {name}: batched {dt_b:.1f} s, serial {dt_s:.1f} s ({dt_s / dt_b:.2f}x)", file=sys.stderr, flush=True)
+    torch.set_num_threads(threads)
+    flops = count_flops(lambda: generate(model, prompts, cfg, seeds=seeds))
+    rates = gemm_rates(model, len(prompts) * cfg.block_length)
+    floor = flops / max(rates["1024^3"], rates["step"]) / 1e9
     return dict(name=name, rows=len(prompts), nfe_batched=r.nfe, nfe_serial=nfe_serial, batched=statistics.median(batched),
                 serial=statistics.median(serial), ratio=statistics.median(ratios), identical=identical,
-                tokens=int(r.completion_ids.numel()))
+                tokens=int(r.completion_ids.numel()), flops=flops, rates=rates, floor=floor,
+                ceiling=statistics.median(serial) / floor)
 
 
 def print_single(rows, threads_list, ref, load) -> None:
@@ -171,11 +180,18 @@ def print_single(rows, threads_list, ref, load) -> None:
 
 
 def print_group(rows) -> None:
-    print("| group (64 rows) | NFE batched | NFE serial (sum) | batched s | 64 serial calls s | speed-up | rows equal serial |")
-    print("|---|---:|---:|---:|---:|---:|:---:|")
+    print("| group (64 rows) | NFE batched | NFE serial (sum) | batched s | 64 serial calls s | speed-up | rows equal serial |"
+          " batched GFLOP (counted) | floor s at best GEMM rate | ceiling (serial s / floor) |")
+    print("|---|---:|---:|---:|---:|---:|:---:|---:|---:|---:|")
     for g in rows:
         print(f"| {g['name']} | {g['nfe_batched']} | {g['nfe_serial']} | {g['batched']:.1f} | {g['serial']:.1f} | "
-              f"**{g['ratio']:.2f}x** | {'yes' if g['identical'] else '**no**'} |")
+              f"**{g['ratio']:.2f}x** | {'yes' if g['identical'] else '**no**'} | {g['flops'] / 1e9:.0f} | "
+              f"{g['floor']:.1f} | {g['ceiling']:.1f}x |")
+    for g in rows:
+        r = g["rates"]
+        print(f"\n{g['name']}: fp32 GEMM {r['1024^3']:.0f} GFLOP/s at 1024^3, {r['step']:.0f} GFLOP/s at the model's "
+              f"projections over {r['rows']} rows (same run); the floor uses the larger.", end="")
+    print()
 
 
 def main(argv=None) -> int:

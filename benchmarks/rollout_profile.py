@@ -100,6 +100,14 @@ def _category(ev_name: str, region: str) -> str:
     return "sampler bookkeeping (block progress, schedules, windows)"
 
 
+def count_flops(fn) -> int:
+    """FLOPs of every GEMM and the attention that ``fn()`` runs (counted, not timed)."""
+    with FlopCounterMode(display=False, custom_mapping={
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops}) as fc:
+        fn()
+    return fc.get_total_flops()
+
+
 def profile_decode(model, prompts, cfg, repeats: int = 3) -> DecodeProfile:
     generate(model, prompts, cfg)  # warm-up
     times = []
@@ -107,10 +115,8 @@ def profile_decode(model, prompts, cfg, repeats: int = 3) -> DecodeProfile:
         t0 = time.perf_counter()
         r = generate(model, prompts, cfg)
         times.append(time.perf_counter() - t0)
-    with FlopCounterMode(display=False, custom_mapping={
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops}) as fc:
-        generate(model, prompts, cfg)
-    prof = DecodeProfile(statistics.median(times), r.nfe, int(r.completion_ids.numel()), fc.get_total_flops())
+    flops = count_flops(lambda: generate(model, prompts, cfg))
+    prof = DecodeProfile(statistics.median(times), r.nfe, int(r.completion_ids.numel()), flops)
     with _labelled(), profile(activities=[ProfilerActivity.CPU]) as p:
         t0 = time.perf_counter()
         generate(model, prompts, cfg)
