@@ -81,10 +81,13 @@ def naive_pipeline():
     real_forward = DiffusionLM.forward
     real_score_targets = logprob.score_targets
 
-    def full_logits_forward(self, *args, logits_at=None, **kw):
+    def full_logits_forward(self, *args, logits_at=None, logits_keep=None, **kw):
         out = real_forward(self, *args, **kw)
-        if logits_at is not None and out.logits is not None:
-            out.logits = take_rows(out.logits, logits_at)
+        if out.logits is not None:
+            if logits_at is not None:
+                out.logits = take_rows(out.logits, logits_at)
+            if logits_keep is not None:  # the masked positions, packed, as the sampler asked
+                out.logits = out.logits[logits_keep]
         return out
 
     modules = score_targets_holders()

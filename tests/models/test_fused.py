@@ -166,6 +166,8 @@ def test_logits_keep_packs_the_kept_rows_with_the_bits_of_the_full_forward(name)
             assert torch.equal(got, full[keep])
             got = model(x[:, 8:28], past_key_values=cache, kv_start=8, logits_at=slice(2, 18), logits_keep=keep).logits
             assert torch.equal(got, step[keep])
+        with pytest.raises(ValueError, match="logits_keep must be"):
+            model(x, logits_keep=keep)  # 16 rows kept of 30: not the rows the forward returns
 
 
 def test_rms_norm_fast_path_only_at_inference_and_bit_equal():

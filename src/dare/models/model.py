@@ -198,7 +198,14 @@ class DiffusionLM(nn.Module):
             position_ids = position_ids[None].expand(B, L)
         if logits_rows is not None and (logits_at is not None or logits_keep is not None):
             raise ValueError("pass logits_rows or logits_at / logits_keep, not both")
-        keep, n_keep = _kept_rows(logits_keep) if logits_keep is not None else (None, 0)
+        keep, n_keep = None, 0
+        if logits_keep is not None:
+            n_at = L if logits_at is None else (
+                len(range(L)[logits_at]) if isinstance(logits_at, slice) else logits_at.shape[1])
+            if tuple(logits_keep.shape) != (B, n_at):
+                raise ValueError(f"logits_keep must be [batch, rows of logits_at] = {[B, n_at]}, got "
+                                 f"{list(logits_keep.shape)}")
+            keep, n_keep = _kept_rows(logits_keep)
         if cache is not None:
             cache.begin(L, kv_start, store_kv)
         try:
