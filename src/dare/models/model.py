@@ -27,7 +27,7 @@ from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
 from .fused import FusedProjections
-from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, take_rows
+from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
 # CPU GEMM kernels round a row differently when the product has fewer rows than this (a small-M code path), so
@@ -225,7 +225,7 @@ class DiffusionLM(nn.Module):
             if not prune:
                 x = take_rows(x, logits_at)
                 if keep is not None:
-                    x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
+                    x = pack_rows(x, keep)
         finally:
             if cache is not None:
                 cache.end()

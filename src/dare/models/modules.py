@@ -111,6 +111,11 @@ def take_rows(t: torch.Tensor, sel: Optional[QuerySel], dim: int = 1) -> torch.T
     return t.expand(sel.shape[0], *t.shape[1:]).gather(dim, sel.view(view).expand(shape))
 
 
+def pack_rows(x: torch.Tensor, flat_idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``flat_idx`` of ``x [B, n, H]`` counted over the flattened [B * n] rows, packed [k, H]."""
+    return x.reshape(-1, x.shape[-1]).index_select(0, flat_idx)
+
+
 @dataclass
 class AttnInputs:
     """How attention is masked for one forward (built once by the model, shared by all layers)."""
@@ -317,5 +322,5 @@ class DecoderLayer(nn.Module):
         with ``keep`` (flat indices into those [B * n] rows) only the kept rows go on to the MLP, packed [k, hidden]."""
         x = take_rows(x, query_rows) + self.self_attn(self.input_layernorm(x), cos, sin, attn, query_rows)
         if keep is not None:
-            x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
+            x = pack_rows(x, keep)
         return x + self.mlp(self.post_attention_layernorm(x))

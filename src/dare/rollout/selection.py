@@ -143,10 +143,11 @@ def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, 
     """Candidate tokens and their scores for every position of the block (never the ``forbid`` token;
     confidences still come from the full distribution).
 
-    ``eligible [R, L]``: the caller reads candidates only there (masked positions), so the vocabulary-wide work
-    (sampling, confidences) runs only there; elsewhere x0 is 0 and the score 0. Every row still draws its
-    random numbers for the whole block, so its random stream, and every eligible result, is unchanged. Where
-    ``takes_packed_logits``, ``logits`` may be ``[n, V]``: the eligible positions only, in row-major order."""
+    ``eligible [R, L]``: the caller reads candidates only there (masked positions). Under the float64 Gumbel-max
+    convention (``takes_packed_logits``) the vocabulary-wide work (sampling, confidences) then runs only there;
+    elsewhere x0 is 0 and the score 0. Every row still draws its random numbers for the whole block, so its random
+    stream, and every eligible result, is unchanged; ``logits`` may then be ``[n, V]``: the eligible positions only,
+    in row-major order. The categorical convention draws per row over the whole block and ignores ``eligible``."""
     logits = logits.float()
     packed = logits.dim() == 2
     if packed and (eligible is None or not takes_packed_logits(remask, masked_model)):
