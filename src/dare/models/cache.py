@@ -63,6 +63,18 @@ class KVCache:
         visible = max(self.length, end)
         return self.k[i][:, :, :visible], self.v[i][:, :, :visible]
 
+    def slot_writes(self, batch: int) -> Optional[tuple[list, list, torch.Tensor]]:
+        """For the current forward, when it does not store and every layer's buffer is exactly the window it attends
+        to (dual cache; prefix cache steps, which feed up to the end): the buffers and the slots the step writes, so
+        that a compiled step can write by index. None otherwise."""
+        if self.store or self.start is None:
+            return None
+        end = self.start + self._q_len
+        visible = max(self.length, end)
+        if any(k is None or k.shape[2] != visible or k.shape[0] != batch for k in self.k):
+            return None
+        return self.k, self.v, torch.arange(self.start, end, device=self.k[0].device)
+
     def crop(self, length: int) -> None:
         """Forget everything after ``length`` (prefix cache: keep only the part before the current block)."""
         self.length = min(self.length, length)

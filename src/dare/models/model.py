@@ -15,8 +15,9 @@ call it takes what diffusion samplers and trainers need:
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
 from .fused import FusedProjections
+from .lean import compiled_stack, lean_layer, snapshot_layer
 from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
@@ -116,6 +118,22 @@ class DiffusionLM(nn.Module):
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
+
+    @contextlib.contextmanager
+    def decoding(self, compile: bool = False) -> Iterator["DiffusionLM"]:
+        """For a sampler's loop (weights fixed, no gradients): forwards run each dense layer as plain functions over
+        a snapshot of its inference weights taken here (``lean.py``), bit for bit the module path minus its
+        per-call overhead. Layers that must run through their modules still do; forwards under autograd ignore it.
+        ``compile``: cached steps whose every layer has a snapshot run the layer stack as one ``torch.compile``d
+        graph (not bit-exact; see ``lean.compiled_stack``)."""
+        layers = [snapshot_layer(layer) for layer in self.model.layers]
+        previous = self.__dict__.get("_lean"), self.__dict__.get("_lean_compile", False)
+        self.__dict__["_lean"] = layers if any(p is not None for p in layers) else None
+        self.__dict__["_lean_compile"] = compile and None not in layers
+        try:
+            yield self
+        finally:
+            self.__dict__["_lean"], self.__dict__["_lean_compile"] = previous
 
     def new_cache(self, capacity: Optional[int] = None) -> KVCache:
         return KVCache(self.arch.num_layers, capacity)
@@ -216,9 +234,18 @@ class DiffusionLM(nn.Module):
             prune = (attn.block_mask is None and attn.cu_seqlens is None and bool(self.model.layers)
                      and not isinstance(self.model.layers[-1].mlp, SparseMoE))
             last = len(self.model.layers) - 1
-            for i, layer in enumerate(self.model.layers):
+            lean = None if torch.is_grad_enabled() else self.__dict__.get("_lean")
+            slots = None
+            if (lean is not None and self.__dict__.get("_lean_compile") and cache is not None and prune
+                    and attn.block_mask is None and attn.cu_seqlens is None and not torch.is_tensor(logits_at)):
+                slots = cache.slot_writes(B)
+            if slots is not None:
+                x = compiled_stack(logits_at)(lean, x, cos, sin, attn.mask, *slots, keep)
+            for i, layer in enumerate(self.model.layers if slots is None else ()):
                 rows, kept = (logits_at, keep) if prune and i == last else (None, None)
-                if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                if lean is not None and lean[i] is not None:
+                    x = lean_layer(lean[i], x, cos, sin, attn, rows, kept)
+                elif self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                     x = checkpoint(layer, x, cos, sin, attn, rows, kept, use_reentrant=False)
                 else:
                     x = layer(x, cos, sin, attn, rows, kept)

@@ -172,53 +172,73 @@ class Attention(FusedProjections, nn.Module):
         if fw is None:
             q = self.q_proj(take_rows(x, sel))
             return q.view(B, q.shape[1], H, D), self.k_proj(x).view(B, L, Hk, D), self.v_proj(x).view(B, L, Hk, D), None
-        if sel is None:
-            qkv = F.linear(x, fw.weight, fw.bias).view(B, L, H + 2 * Hk, D)
-            return qkv[:, :, :H], qkv[:, :, H:H + Hk], qkv[:, :, H + Hk:], qkv[:, :, :H + Hk]
-        nq = H * D  # only the kept rows need queries; every row needs its key and value
-        bq, bkv = (None, None) if fw.bias is None else (fw.bias[:nq], fw.bias[nq:])
-        q = F.linear(take_rows(x, sel), fw.weight[:nq], bq)
-        kv = F.linear(x, fw.weight[nq:], bkv).view(B, L, 2 * Hk, D)
-        return q.view(B, q.shape[1], H, D), kv[:, :, :Hk], kv[:, :, Hk:], None
+        return project_fused_qkv(x, fw.weight, fw.bias, sel, H, Hk, D)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnInputs,
                 query_rows: Optional[QuerySel] = None) -> torch.Tensor:
         """Attention of the rows ``query_rows`` of ``x`` (all rows when None) over every row (and the cache)."""
-        B, L, _ = x.shape
-        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v, qk = self._project(x, query_rows)
         if self.qk_norm:
             q, k, qk = self.q_norm(q), self.k_norm(k), None
-        if qk is not None:  # one RoPE over the q and k heads together
-            qk = apply_rope(qk, cos, sin, self.rope_full_precision)
-            q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
-        else:
-            # RoPE on the [B, H, L, D] views, as the plain path always did: under autograd the memory layout decides
-            # the order in which weight gradients (q_norm, k_norm) are summed, and training keeps its bits.
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            qcos, qsin = take_rows(cos, query_rows).transpose(1, 2), take_rows(sin, query_rows).transpose(1, 2)
-            q = apply_rope(q, qcos, qsin, self.rope_full_precision)
-            k = apply_rope(k, cos.transpose(1, 2), sin.transpose(1, 2), self.rope_full_precision)
-        Lq = q.shape[2]
-        if attn.cache is not None:
-            k, v = attn.cache.write(self.layer_idx, k, v)
-        scale = D ** -0.5
-        gqa = H != Hk
-        if attn.cu_seqlens is not None:
-            from flash_attn import flash_attn_varlen_func  # optional GPU kernel
-            qf, kf, vf = (t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], D) for t in (q, k, v))
-            out = flash_attn_varlen_func(qf, kf, vf, attn.cu_seqlens, attn.cu_seqlens, attn.max_seqlen, attn.max_seqlen,
-                                         softmax_scale=scale, causal=False)
-            out = out.view(B, L, H * D)
-        elif attn.block_mask is not None:
-            out = _flex_attention(q, k, v, attn.block_mask, scale, gqa).transpose(1, 2).reshape(B, L, H * D)
-        else:
-            mask = take_rows(attn.mask, query_rows, dim=2) if attn.mask is not None and attn.mask.dim() == 4 else attn.mask
-            if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
-                mask = mask.to(q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-            out = out.transpose(1, 2).reshape(B, Lq, H * D)
-        return self.o_proj(out)
+        return self.o_proj(attend(q, k, v, qk, cos, sin, attn, query_rows, self.layer_idx, self.rope_full_precision))
+
+
+def project_fused_qkv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], sel: Optional[QuerySel],
+                      num_heads: int, num_kv_heads: int, head_dim: int):
+    """q/k/v from one fused [q; k; v] weight buffer: q [B, n, H, D] for the rows ``sel`` (all when None), k and v
+    [B, L, Hk, D], and the [q | k] heads as one view when every row is a query (else None)."""
+    B, L, _ = x.shape
+    H, Hk, D = num_heads, num_kv_heads, head_dim
+    if sel is None:
+        qkv = F.linear(x, weight, bias).view(B, L, H + 2 * Hk, D)
+        return qkv[:, :, :H], qkv[:, :, H:H + Hk], qkv[:, :, H + Hk:], qkv[:, :, :H + Hk]
+    nq = H * D  # only the kept rows need queries; every row needs its key and value
+    bq, bkv = (None, None) if bias is None else (bias[:nq], bias[nq:])
+    q = F.linear(take_rows(x, sel), weight[:nq], bq)
+    kv = F.linear(x, weight[nq:], bkv).view(B, L, 2 * Hk, D)
+    return q.view(B, q.shape[1], H, D), kv[:, :, :Hk], kv[:, :, Hk:], None
+
+
+def attend(q, k, v, qk, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySel], layer_idx: int,
+           rope_full_precision: bool) -> torch.Tensor:
+    """RoPE, the cache write and attention of projected (and already q/k-normed) heads: q [B, n, H, D], k and v
+    [B, L, Hk, D], ``qk`` the [q | k] heads as one view or None. Returns [B, n, H * D] (before the output projection)."""
+    B, L = k.shape[:2]
+    H, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    if qk is not None:  # one RoPE over the q and k heads together
+        qk = apply_rope(qk, cos, sin, rope_full_precision)
+        q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
+    else:
+        # RoPE on the [B, H, L, D] views, as the plain path always did: under autograd the memory layout decides
+        # the order in which weight gradients (q_norm, k_norm) are summed, and training keeps its bits.
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        qcos, qsin = take_rows(cos, query_rows).transpose(1, 2), take_rows(sin, query_rows).transpose(1, 2)
+        q = apply_rope(q, qcos, qsin, rope_full_precision)
+        k = apply_rope(k, cos.transpose(1, 2), sin.transpose(1, 2), rope_full_precision)
+    Lq = q.shape[2]
+    if attn.cache is not None:
+        k, v = attn.cache.write(layer_idx, k, v)
+    scale = D ** -0.5
+    gqa = H != Hk
+    if attn.cu_seqlens is not None:
+        from flash_attn import flash_attn_varlen_func  # optional GPU kernel
+        qf, kf, vf = (t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], D) for t in (q, k, v))
+        out = flash_attn_varlen_func(qf, kf, vf, attn.cu_seqlens, attn.cu_seqlens, attn.max_seqlen, attn.max_seqlen,
+                                     softmax_scale=scale, causal=False)
+        return out.view(B, L, H * D)
+    if attn.block_mask is not None:
+        return _flex_attention(q, k, v, attn.block_mask, scale, gqa).transpose(1, 2).reshape(B, L, H * D)
+    mask = take_rows(attn.mask, query_rows, dim=2) if attn.mask is not None and attn.mask.dim() == 4 else attn.mask
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out.transpose(1, 2).reshape(B, Lq, H * D)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused [gate | up] projection output (a scratch tensor: updated in place)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate, inplace=True).mul_(up)
 
 
 class MLP(FusedProjections, nn.Module):
@@ -236,8 +256,7 @@ class MLP(FusedProjections, nn.Module):
         fw = self.live_fused("_fused_gate_up")
         if fw is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, fw.weight).chunk(2, dim=-1)  # a scratch tensor: update it in place
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        return self.down_proj(silu_mul(F.linear(x, fw.weight)))
 
 
 class Router(nn.Module):

@@ -7,6 +7,8 @@ name.
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -89,6 +91,8 @@ def check_config(model, config: SamplerConfig) -> None:
         kind = adapter.attention.replace("_", "-")
         raise ValueError(f"cache={config.cache!r} cannot be used with {adapter.family} ({kind} attention); "
                          f"use one of {', '.join(adapter.cache_kinds)}")
+    if config.compile and not hasattr(model, "decoding"):
+        raise ValueError(f"compile=True compiles the native decoder's cached steps; {type(model).__name__} has none")
     if adapter.is_encoder_decoder:
         check_canvas_config(config)
         return
@@ -232,8 +236,11 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
     st.pause = pause
     was_training = model.training
     model.eval()
+    # Weights are fixed while the sampler runs: the model may snapshot them (DiffusionLM.decoding).
+    decoding = model.decoding(compile=config.compile) if hasattr(model, "decoding") else contextlib.nullcontext()
     try:
-        (run_canvas if adapter.is_encoder_decoder else run_block if adapter.is_block_causal else run_masked)(model, st, config)
+        with decoding:
+            (run_canvas if adapter.is_encoder_decoder else run_block if adapter.is_block_causal else run_masked)(model, st, config)
     finally:
         model.train(was_training)
     return _assemble(st, batch, prompt_index, n, fill_id, seeds)
