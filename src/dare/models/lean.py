@@ -111,8 +111,9 @@ class _SlotKV:
         return self.k[i], self.v[i]
 
 
-def _stack(layers: list, x, cos, sin, mask, ks, vs, index, keep, rows: Optional[slice]):
+def _stack(layers: list, x, cos, sin, mask, ks, vs, index, keep, r0: Optional[int], r1: Optional[int]):
     attn = AttnInputs(mask=mask, cache=_SlotKV(ks, vs, index))
+    rows = None if r0 is None else slice(r0, r1)
     last = len(layers) - 1
     for i, p in enumerate(layers):
         x = lean_layer(p, x, cos, sin, attn, rows if i == last else None, keep if i == last else None)
@@ -122,13 +123,21 @@ def _stack(layers: list, x, cos, sin, mask, ks, vs, index, keep, rows: Optional[
 _COMPILED: dict = {}
 
 
-def compiled_stack(rows: Optional[slice]):
-    """The compiled ``_stack`` for last-layer query rows ``rows`` (one per distinct slice, built on first use). Shapes
-    are static at first; a second shape (another batch size or number of kept rows) makes that dimension dynamic."""
-    key = None if rows is None else (rows.start, rows.stop, rows.step)
-    fn = _COMPILED.get(key)
+def compiled_stack(r0: Optional[int], r1: Optional[int]):
+    """``_stack`` compiled for the last layer's query rows [r0, r1) (all rows when None), built on first use with
+    inductor's C++ wrapper (no Python launch per kernel). The number of kept rows is dynamic from the start (the
+    caller marks it); another batch size or step length makes that dimension dynamic too (one recompile)."""
+    fn = _COMPILED.get((r0, r1))
     if fn is None:
         def run(layers, x, cos, sin, mask, ks, vs, index, keep):
-            return _stack(layers, x, cos, sin, mask, ks, vs, index, keep, rows)
-        fn = _COMPILED[key] = torch.compile(run, fullgraph=True)
+            return _stack(layers, x, cos, sin, mask, ks, vs, index, keep, r0, r1)
+        fn = _COMPILED[(r0, r1)] = torch.compile(run, fullgraph=True, options={"cpp_wrapper": True})
     return fn
+
+
+def run_compiled(layers: list, x, cos, sin, mask, slots, rows: Optional[range], keep) -> torch.Tensor:
+    """A cached step's layer stack through ``compiled_stack`` (``slots`` from ``KVCache.slot_writes``)."""
+    r0, r1 = (None, None) if rows is None else (rows.start, rows.stop)
+    if keep is not None:
+        torch._dynamo.mark_dynamic(keep, 0)  # the number of masked positions changes every step
+    return compiled_stack(r0, r1)(layers, x, cos, sin, mask, *slots, keep)

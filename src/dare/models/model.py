@@ -28,7 +28,7 @@ from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
 from .fused import FusedProjections
-from .lean import compiled_stack, lean_layer, snapshot_layer
+from .lean import lean_layer, run_compiled, snapshot_layer
 from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
@@ -179,6 +179,17 @@ class DiffusionLM(nn.Module):
             return AttnInputs(mask=None if bool(mask.all()) else mask, cache=cache)
         return AttnInputs(cache=cache)
 
+    def _compiled_step(self, lean, cache: Optional[KVCache], prune: bool, logits_at, B: int, L: int):
+        """(KV slots, last-layer query rows) when this forward runs the compiled stack (``decoding(compile=True)``,
+        every layer lean, a cached step that does not store and attends to whole buffers, rows a plain slice)."""
+        if lean is None or not self.__dict__.get("_lean_compile") or not prune or cache is None:
+            return None
+        rows = None if logits_at is None else range(L)[logits_at] if isinstance(logits_at, slice) else False
+        if rows is False or (rows is not None and rows.step != 1):
+            return None
+        slots = cache.slot_writes(B)
+        return None if slots is None else (slots, rows)
+
     # --- forward ---------------------------------------------------------------------------------
     def forward(
         self,
@@ -235,13 +246,10 @@ class DiffusionLM(nn.Module):
                      and not isinstance(self.model.layers[-1].mlp, SparseMoE))
             last = len(self.model.layers) - 1
             lean = None if torch.is_grad_enabled() else self.__dict__.get("_lean")
-            slots = None
-            if (lean is not None and self.__dict__.get("_lean_compile") and cache is not None and prune
-                    and attn.block_mask is None and attn.cu_seqlens is None and not torch.is_tensor(logits_at)):
-                slots = cache.slot_writes(B)
-            if slots is not None:
-                x = compiled_stack(logits_at)(lean, x, cos, sin, attn.mask, *slots, keep)
-            for i, layer in enumerate(self.model.layers if slots is None else ()):
+            step = self._compiled_step(lean, cache, prune, logits_at, B, L)
+            if step is not None:
+                x = run_compiled(lean, x, cos, sin, attn.mask, *step, keep)
+            for i, layer in enumerate(self.model.layers if step is None else ()):
                 rows, kept = (logits_at, keep) if prune and i == last else (None, None)
                 if lean is not None and lean[i] is not None:
                     x = lean_layer(lean[i], x, cos, sin, attn, rows, kept)
