@@ -8,13 +8,15 @@
 1. **single**: one 64-token prompt, gen 256, block 32, steps 256, low-confidence remasking, greedy, on an LLaDA-layout
    checkpoint (4 layers, hidden 256, 4 heads, MLP 768, vocabulary 2048; random "peaked" weights, written in the
    published LLaDA layout to a temporary folder and loaded by both sides): vanilla, prefix cache, dual cache,
-   threshold 0.9, dual cache + threshold 0.9, at each ``--threads`` count. With ``--reference`` the same modes run
+   threshold 0.9, dual cache + threshold 0.9, and the cached modes again with ``SamplerConfig.compile`` (compiled
+   once before timing), at each ``--threads`` count. With ``--reference`` the same modes run
    through Fast-dLLM's ``generate`` / ``generate_with_prefix_cache`` / ``generate_with_dual_cache`` in a second
    process (the reference needs transformers 4.49: ``--reference-python`` is the interpreter of an environment that
    runs it, kept outside this repository), interleaved with ours; every completion is compared token for token.
 2. **group**: 8 prompts x 8 samples = 64 rows (temperature ``--group-temperature``, one seed per row), decoded in one
    batched call and in 64 serial calls, interleaved; LLaDA dual cache + threshold 0.9, and SDAR (block 4, 4 steps
-   per block, exact block cache) of the same size. Every row must equal its serial decode.
+   per block, exact block cache) of the same size; the LLaDA group again with ``compile``. Every row must equal its
+   serial decode.
 3. **profile**: where the time of one dual cache + threshold decode goes (model forward split into GEMM, attention,
    cache writes and other tensor ops; selection; bookkeeping; Python), and its distance to the GEMM bound: FLOPs per
    generated token (counted) against fp32 GEMM GFLOP/s measured in the same run.
@@ -29,6 +31,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as dare's CLI: before torch starts its OpenMP pool
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -46,12 +49,16 @@ from dare.models import load_model, tiny  # noqa: E402
 from dare.rollout import SamplerConfig, generate  # noqa: E402
 
 MASK_ID = 500
-MODES = [  # (name, reference function, our cache, threshold)
-    ("vanilla", "generate", "none", None),
-    ("prefix cache", "generate_with_prefix_cache", "prefix", None),
-    ("dual cache", "generate_with_dual_cache", "dual", None),
-    ("threshold 0.9", "generate", "none", 0.9),
-    ("dual cache + threshold 0.9", "generate_with_dual_cache", "dual", 0.9),
+MODES = [  # (name, reference function, our cache, threshold, SamplerConfig.compile)
+    ("vanilla", "generate", "none", None, False),
+    ("prefix cache", "generate_with_prefix_cache", "prefix", None, False),
+    ("dual cache", "generate_with_dual_cache", "dual", None, False),
+    ("threshold 0.9", "generate", "none", 0.9, False),
+    ("dual cache + threshold 0.9", "generate_with_dual_cache", "dual", 0.9, False),
+    # opt-in compiled cached steps (dare.models.lean): same reference, judged by the same token comparison
+    ("prefix cache, compiled", "generate_with_prefix_cache", "prefix", None, True),
+    ("dual cache, compiled", "generate_with_dual_cache", "dual", None, True),
+    ("dual cache + threshold 0.9, compiled", "generate_with_dual_cache", "dual", 0.9, True),
 ]
 
 
@@ -102,9 +109,12 @@ def ours(model, prompts, cfg, threads: int, **kw):
 
 def bench_single(model, ref, prompt, G, BL, threads_list, repeats) -> list[dict]:
     rows = []
-    for name, fn, cache, thr in MODES:
-        cfg = SamplerConfig(gen_length=G, block_length=BL, steps=G, cache=cache, threshold=thr, block_stop=False)
+    for name, fn, cache, thr, compiled in MODES:
+        cfg = SamplerConfig(gen_length=G, block_length=BL, steps=G, cache=cache, threshold=thr, block_stop=False,
+                            compile=compiled)
         row = dict(mode=name, threads={})
+        if compiled:  # compiling is a one-off per shape, not part of a decode's time
+            ours(model, [prompt], cfg, threads_list[0])
         for threads in threads_list:
             mine, theirs = [], []
             for rep in range(repeats):
@@ -245,7 +255,12 @@ def main(argv=None) -> int:
             sdar = tiny("sdar", seed=0, **sizes)
             sdar_cfg = SamplerConfig(gen_length=G, block_length=4, steps_per_block=4, remasking="static", cache="block",
                                      temperature=temp, block_stop=False)
+            compiled_cfg = dataclasses.replace(llada_cfg, compile=True)
+            for batch in ([prompts[0]], prompts):  # compile both shapes before timing
+                ours(model, batch, compiled_cfg, 1, seeds=seeds[:len(batch)])
             groups = [bench_group("LLaDA, dual cache + threshold 0.9", model, prompts, llada_cfg, seeds, grp_repeats, 1),
+                      bench_group("LLaDA, dual cache + threshold 0.9, compiled", model, prompts, compiled_cfg, seeds,
+                                  grp_repeats, 1),
                       bench_group("SDAR, block 4, exact block cache", sdar, prompts, sdar_cfg, seeds, grp_repeats, 1)]
             print(f"\n### Groups: {n_prompts} prompts x {n_samples} samples ({P}-token prompts, gen {G}, temperature "
                   f"{temp}, 1 thread)\n")

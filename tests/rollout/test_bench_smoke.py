@@ -14,6 +14,6 @@ def test_bench_rollout_quick(capsys):
     modes = [r for r in rows if r.split("|")[1].strip() in {m[0] for m in mod.MODES}]
     assert len(modes) == len(mod.MODES)  # no reference given: its columns read "-"
     groups = [r for r in rows if r.startswith("| LLaDA, dual") or r.startswith("| SDAR, block")]
-    assert len(groups) == 2 and all(r.split("|")[7].strip() == "yes" for r in groups)  # rows equal serial
+    assert len(groups) == 3 and all(r.split("|")[7].strip() == "yes" for r in groups)  # rows equal serial
     assert all(float(r.split("|")[10].strip().rstrip("x")) > 0 for r in groups)  # the GEMM-bound ceiling
     assert "| FLOPs per generated token" in out and "| model forward: GEMM" in out
