@@ -184,9 +184,13 @@ class DiffusionLM(nn.Module):
         every layer lean, a cached step that does not store and attends to whole buffers, rows a plain slice)."""
         if lean is None or not self.__dict__.get("_lean_compile") or not prune or cache is None:
             return None
-        rows = None if logits_at is None else range(L)[logits_at] if isinstance(logits_at, slice) else False
-        if rows is False or (rows is not None and rows.step != 1):
-            return None
+        rows = None
+        if logits_at is not None:
+            if not isinstance(logits_at, slice):  # per-row positions: a gather the graph would specialise on
+                return None
+            rows = range(L)[logits_at]
+            if rows.step != 1:
+                return None
         slots = cache.slot_writes(B)
         return None if slots is None else (slots, rows)
 

@@ -8,7 +8,6 @@ name.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 from typing import Optional, Sequence
 

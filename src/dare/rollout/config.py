@@ -66,9 +66,10 @@ class SamplerConfig:
     eoser: bool = False
     eoser_gamma_min: float = 0.01
     eoser_gamma_max: float = 1.0
-    # Cached steps (prefix / dual cache) of the native families run their layer stack as one torch.compile'd graph
-    # (dare.models.lean): ~the GEMM-bound speed on small models, after a one-off compile of ~15 s per shape. Fused
-    # kernels round differently, so a compiled decode is judged by its tokens, not its bits; off by default.
+    # Cached steps (prefix / dual cache) of the native dense families run their layer stack as one torch.compile'd
+    # graph (dare.models.lean; 1.1-1.2x per single-sequence dual-cache decode on a CPU, after a one-off compile of
+    # ~10-30 s per shape). Fused kernels round differently, so a compiled decode is judged by its tokens, not its
+    # bits; off by default.
     compile: bool = False
     # --- DiffusionGemma's canvas sampler (uniform-noise encoder-decoder models; transformers' parameter names) ----
     # Each pass accepts the k lowest-entropy positions with sum(entropy) - max(entropy) <= entropy_bound and re-noises
