@@ -86,3 +86,17 @@ def test_a_forward_under_autograd_inside_decoding_uses_the_modules(monkeypatch):
             model(ids).logits.sum().backward()  # ... but a forward under autograd never runs lean
     assert not calls and model.lm_head.weight.grad is not None
     assert model.__dict__.get("_lean") is None  # the context restores the previous state
+
+
+def test_compile_needs_the_native_decoder_and_a_working_compiler(monkeypatch):
+    model = load_model(FIXTURES / "llada-tiny", dtype=torch.float32, mask_token_id=500)
+    cfg = SamplerConfig(gen_length=8, block_length=8, cache="dual", compile=True)
+
+    class Foreign(torch.nn.Module):
+        adapter = model.adapter
+
+    with pytest.raises(ValueError, match="compile=True compiles the native decoder"):
+        generate(Foreign(), [[1, 2, 3]], cfg)
+    monkeypatch.setattr(lean, "_COMPILE_PROBE", ["CppCompileError: no C++ compiler"])
+    with pytest.raises(ValueError, match="could not: CppCompileError: no C\\+\\+ compiler"):
+        generate(model, [[1, 2, 3]], cfg)

@@ -11,9 +11,10 @@ def test_bench_rollout_quick(capsys):
     assert mod.main(["--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| mode")]
+    compiles = mod.compile_problem() is None  # compiled rows need a working torch.compile
     modes = [r for r in rows if r.split("|")[1].strip() in {m[0] for m in mod.MODES}]
-    assert len(modes) == len(mod.MODES)  # no reference given: its columns read "-"
+    assert len(modes) == len([m for m in mod.MODES if compiles or not m[4]])  # no reference given: its columns read "-"
     groups = [r for r in rows if r.startswith("| LLaDA, dual") or r.startswith("| SDAR, block")]
-    assert len(groups) == 3 and all(r.split("|")[7].strip() == "yes" for r in groups)  # rows equal serial
+    assert len(groups) == (3 if compiles else 2) and all(r.split("|")[7].strip() == "yes" for r in groups)  # rows equal serial
     assert all(float(r.split("|")[10].strip().rstrip("x")) > 0 for r in groups)  # the GEMM-bound ceiling
     assert "| FLOPs per generated token" in out and "| model forward: GEMM" in out

@@ -17,6 +17,13 @@ pytestmark = pytest.mark.slow
 CACHED = [c for c in load_cases("llada-tiny") if c.raw["required"] and c.config.cache in ("prefix", "dual")]
 
 
+@pytest.fixture(autouse=True)
+def _needs_a_working_compiler():
+    problem = lean.compile_problem()
+    if problem is not None:
+        pytest.skip(f"torch.compile cannot build kernels on this machine: {problem}")
+
+
 @pytest.fixture
 def compiled_calls(monkeypatch):
     calls = []
@@ -48,11 +55,3 @@ def test_compiled_batched_dream_decode_has_the_eager_tokens(compiled_calls):
     compiled = generate(model, prompts, dataclasses.replace(cfg, compile=True))
     assert compiled_calls
     assert torch.equal(compiled.completion_ids, eager.completion_ids) and compiled.nfe == eager.nfe
-
-
-def test_compile_needs_the_native_decoder():
-    class Foreign(torch.nn.Module):
-        adapter = load_model(FIXTURES / "llada-tiny", dtype=torch.float32, mask_token_id=500).adapter
-
-    with pytest.raises(ValueError, match="compile=True"):
-        generate(Foreign(), [[1, 2, 3]], SamplerConfig(gen_length=8, block_length=8, compile=True))

@@ -123,6 +123,19 @@ def _stack(layers: list, x, cos, sin, mask, ks, vs, index, keep, r0: Optional[in
 
 
 _COMPILED: dict = {}
+_COMPILE_PROBE: list = []  # [None] when torch.compile builds kernels here, else [the error]
+
+
+def compile_problem() -> Optional[str]:
+    """Why ``torch.compile`` cannot build a kernel on this machine (inductor needs a C++ compiler and the Python
+    headers), or None when it can; probed once per process with a one-op function."""
+    if not _COMPILE_PROBE:
+        try:
+            torch.compile(lambda t: t * 2 + 1, fullgraph=True, options={"cpp_wrapper": True})(torch.ones(4))
+            _COMPILE_PROBE.append(None)
+        except Exception as e:  # any failure to build: report it instead of failing mid-decode
+            _COMPILE_PROBE.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+    return _COMPILE_PROBE[0]
 
 
 def compiled_stack(r0: Optional[int], r1: Optional[int]):

@@ -90,8 +90,14 @@ def check_config(model, config: SamplerConfig) -> None:
         kind = adapter.attention.replace("_", "-")
         raise ValueError(f"cache={config.cache!r} cannot be used with {adapter.family} ({kind} attention); "
                          f"use one of {', '.join(adapter.cache_kinds)}")
-    if config.compile and not hasattr(model, "decoding"):
-        raise ValueError(f"compile=True compiles the native decoder's cached steps; {type(model).__name__} has none")
+    if config.compile:
+        if not hasattr(model, "decoding"):
+            raise ValueError(f"compile=True compiles the native decoder's cached steps; {type(model).__name__} has none")
+        from ..models.lean import compile_problem
+        problem = compile_problem()
+        if problem is not None:
+            raise ValueError(f"compile=True needs torch.compile to build kernels on this machine (a C++ compiler and the "
+                             f"Python headers); it could not: {problem}")
     if adapter.is_encoder_decoder:
         check_canvas_config(config)
         return
