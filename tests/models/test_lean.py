@@ -97,6 +97,6 @@ def test_compile_needs_the_native_decoder_and_a_working_compiler(monkeypatch):
 
     with pytest.raises(ValueError, match="compile=True compiles the native decoder"):
         generate(Foreign(), [[1, 2, 3]], cfg)
-    monkeypatch.setattr(lean, "_COMPILE_PROBE", ["CppCompileError: no C++ compiler"])
+    monkeypatch.setattr(lean, "compile_problem", lambda: "CppCompileError: no C++ compiler")
     with pytest.raises(ValueError, match="could not: CppCompileError: no C\\+\\+ compiler"):
         generate(model, [[1, 2, 3]], cfg)

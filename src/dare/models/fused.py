@@ -25,7 +25,8 @@ class FusedLinear(NamedTuple):
     pointers: tuple[int, ...]  # data_ptr of every part's weight while it is a view of ``weight``
 
 
-def _plain(t: torch.Tensor) -> bool:
+def is_plain_tensor(t: torch.Tensor) -> bool:
+    """A materialised plain tensor (not a meta tensor, not a DTensor or other subclass, e.g. an FSDP shard)."""
     return type(t.data) is torch.Tensor and not t.is_meta
 
 
@@ -36,11 +37,11 @@ def fuse_linears(linears: Sequence[nn.Module]) -> Optional[FusedLinear]:
     weights = [m.weight for m in linears]
     biases = [m.bias for m in linears]
     first = weights[0]
-    if not all(_plain(w) and w.dtype == first.dtype and w.device == first.device and w.shape[1] == first.shape[1]
+    if not all(is_plain_tensor(w) and w.dtype == first.dtype and w.device == first.device and w.shape[1] == first.shape[1]
                for w in weights):
         return None
     has_bias = [b is not None for b in biases]
-    if any(has_bias) and not (all(has_bias) and all(_plain(b) and b.dtype == first.dtype for b in biases)):
+    if any(has_bias) and not (all(has_bias) and all(is_plain_tensor(b) and b.dtype == first.dtype for b in biases)):
         return None
     with torch.no_grad():
         buf = torch.cat([w.detach() for w in weights])

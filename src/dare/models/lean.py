@@ -13,6 +13,7 @@ FSDP-sharded or re-stored weights, training forwards), or forward hooks on any o
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from .fused import is_plain_tensor
 from .modules import MLP, AttnInputs, DecoderLayer, QuerySel, attend, pack_rows, project_fused_qkv, rms_norm, silu_mul, take_rows
 
 
@@ -44,10 +46,6 @@ class LayerWeights(NamedTuple):
     down: torch.Tensor
 
 
-def _plain(t: Optional[torch.Tensor]) -> bool:
-    return t is None or (type(t.data) is torch.Tensor and not t.is_meta)
-
-
 def _hooked(mod: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in mod.modules())
 
@@ -66,7 +64,7 @@ def snapshot_layer(layer: DecoderLayer) -> Optional[LayerWeights]:
     if type(o) is not nn.Linear or type(down) is not nn.Linear or o.bias is not None or down.bias is not None:
         return None
     norms = (layer.input_layernorm, layer.post_attention_layernorm) + ((attn.q_norm, attn.k_norm) if attn.qk_norm else ())
-    if not all(_plain(t) for t in (o.weight, down.weight, *(n.weight for n in norms))):
+    if not all(is_plain_tensor(t) for t in (o.weight, down.weight, *(n.weight for n in norms))):
         return None
     return LayerWeights(
         layer_idx=attn.layer_idx, num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
@@ -123,19 +121,17 @@ def _stack(layers: list, x, cos, sin, mask, ks, vs, index, keep, r0: Optional[in
 
 
 _COMPILED: dict = {}
-_COMPILE_PROBE: list = []  # [None] when torch.compile builds kernels here, else [the error]
 
 
+@functools.cache
 def compile_problem() -> Optional[str]:
     """Why ``torch.compile`` cannot build a kernel on this machine (inductor needs a C++ compiler and the Python
     headers), or None when it can; probed once per process with a one-op function."""
-    if not _COMPILE_PROBE:
-        try:
-            torch.compile(lambda t: t * 2 + 1, fullgraph=True, options={"cpp_wrapper": True})(torch.ones(4))
-            _COMPILE_PROBE.append(None)
-        except Exception as e:  # any failure to build: report it instead of failing mid-decode
-            _COMPILE_PROBE.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
-    return _COMPILE_PROBE[0]
+    try:
+        torch.compile(lambda t: t * 2 + 1, fullgraph=True, options={"cpp_wrapper": True})(torch.ones(4))
+        return None
+    except Exception as e:  # any failure to build: report it instead of failing mid-decode
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
 def compiled_stack(r0: Optional[int], r1: Optional[int]):
