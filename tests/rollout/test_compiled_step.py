@@ -55,3 +55,16 @@ def test_compiled_batched_dream_decode_has_the_eager_tokens(compiled_calls):
     compiled = generate(model, prompts, dataclasses.replace(cfg, compile=True))
     assert compiled_calls
     assert torch.equal(compiled.completion_ids, eager.completion_ids) and compiled.nfe == eager.nfe
+
+
+def test_models_of_different_shapes_get_their_own_graphs(monkeypatch):
+    """A graph compiled for one model must not be reused, with dimensions turned dynamic, for a model of other sizes
+    (LLaDA's 4 kv heads vs Dream's 2): each decodes its eager tokens, and each shape has its own compiled stack."""
+    monkeypatch.setattr(lean, "_COMPILED", {})
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=16, cache="dual", threshold=0.3)
+    for name in ("llada-tiny", "dream-tiny"):
+        model = load_model(FIXTURES / name, dtype=torch.float32, mask_token_id=5)
+        eager = generate(model, [[11, 17, 99, 3]], cfg)
+        compiled = generate(model, [[11, 17, 99, 3]], dataclasses.replace(cfg, compile=True))
+        assert torch.equal(compiled.completion_ids, eager.completion_ids), name
+    assert len({key[0] for key in lean._COMPILED}) == 2

@@ -14,6 +14,7 @@ FSDP-sharded or re-stored weights, training forwards), or forward hooks on any o
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import NamedTuple, Optional
 
 import torch
@@ -82,7 +83,8 @@ def lean_layer(p: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     q, k, v, qk = project_fused_qkv(h, p.qkv, p.qkv_bias, query_rows, p.num_heads, p.num_kv_heads, p.head_dim)
     if p.q_norm is not None:
         q, k, qk = rms_norm(q, p.q_norm, p.qk_eps), rms_norm(k, p.k_norm, p.qk_eps), None
-    out = attend(q, k, v, qk, cos, sin, attn, query_rows, p.layer_idx, p.rope_full_precision)
+    out = attend(q, k, v, qk, cos, sin, attn, query_rows, p.layer_idx, p.rope_full_precision, p.num_heads,
+                 p.num_kv_heads, p.head_dim)
     x = take_rows(x, query_rows) + F.linear(out, p.o_proj)
     if keep is not None:
         x = pack_rows(x, keep)
@@ -121,6 +123,7 @@ def _stack(layers: list, x, cos, sin, mask, ks, vs, index, keep, r0: Optional[in
 
 
 _COMPILED: dict = {}
+_CODE_NAMES = itertools.count()  # never reused, even if _COMPILED is emptied
 
 
 @functools.cache
@@ -134,21 +137,33 @@ def compile_problem() -> Optional[str]:
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
-def compiled_stack(r0: Optional[int], r1: Optional[int]):
-    """``_stack`` compiled for the last layer's query rows [r0, r1) (all rows when None), built on first use with
-    inductor's C++ wrapper (no Python launch per kernel). The number of kept rows is dynamic from the start (the
-    caller marks it); another batch size or step length makes that dimension dynamic too (one recompile)."""
-    fn = _COMPILED.get((r0, r1))
+def stack_signature(layers: list) -> tuple:
+    """What a compiled stack is specialised to: every layer's sizes and flags (weight shapes, head counts, eps). Models
+    of different shapes get graphs of their own instead of turning each other's dimensions dynamic."""
+    return tuple(tuple(tuple(f.shape) if torch.is_tensor(f) else f for f in p) for p in layers)
+
+
+def compiled_stack(signature: tuple, r0: Optional[int], r1: Optional[int]):
+    """``_stack`` compiled for layers of ``signature`` and the last layer's query rows [r0, r1) (all rows when None),
+    built on first use with inductor's C++ wrapper (no Python launch per kernel). The number of kept rows is dynamic
+    from the start (the caller marks it); another batch size or step length makes that dimension dynamic too."""
+    key = (signature, r0, r1)
+    fn = _COMPILED.get(key)
     if fn is None:
         def run(layers, x, cos, sin, mask, ks, vs, index, keep):
             return _stack(layers, x, cos, sin, mask, ks, vs, index, keep, r0, r1)
-        fn = _COMPILED[(r0, r1)] = torch.compile(run, fullgraph=True, options={"cpp_wrapper": True})
+        # Dynamo keeps its graphs and recompile budget per code object, and what it has seen of each input's sizes
+        # (which turns a size that changed into a symbolic one) per code name and place: a renamed copy of the code
+        # per key keeps one model's sizes from making another's dynamic or spending its budget of 8 graphs.
+        run.__code__ = run.__code__.replace(co_name=f"compiled_stack_{next(_CODE_NAMES)}")
+        fn = _COMPILED[key] = torch.compile(run, fullgraph=True, options={"cpp_wrapper": True})
     return fn
 
 
-def run_compiled(layers: list, x, cos, sin, mask, slots, rows: Optional[range], keep) -> torch.Tensor:
-    """A cached step's layer stack through ``compiled_stack`` (``slots`` from ``KVCache.slot_writes``)."""
+def run_compiled(layers: list, x, cos, sin, mask, signature: tuple, slots, rows: Optional[range], keep) -> torch.Tensor:
+    """A cached step's layer stack through ``compiled_stack`` (``signature`` of ``layers``, ``slots`` from
+    ``KVCache.slot_writes``)."""
     r0, r1 = (None, None) if rows is None else (rows.start, rows.stop)
     if keep is not None:
         torch._dynamo.mark_dynamic(keep, 0)  # the number of masked positions changes every step
-    return compiled_stack(r0, r1)(layers, x, cos, sin, mask, *slots, keep)
+    return compiled_stack(signature, r0, r1)(layers, x, cos, sin, mask, *slots, keep)

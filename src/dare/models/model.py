@@ -28,7 +28,7 @@ from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
 from .fused import FusedProjections
-from .lean import lean_layer, run_compiled, snapshot_layer
+from .lean import lean_layer, run_compiled, snapshot_layer, stack_signature
 from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
@@ -127,9 +127,10 @@ class DiffusionLM(nn.Module):
         ``compile``: cached steps whose every layer has a snapshot run the layer stack as one ``torch.compile``d
         graph (not bit-exact; see ``lean.compiled_stack``)."""
         layers = [snapshot_layer(layer) for layer in self.model.layers]
-        previous = self.__dict__.get("_lean"), self.__dict__.get("_lean_compile", False)
+        previous = self.__dict__.get("_lean"), self.__dict__.get("_lean_compile")
         self.__dict__["_lean"] = layers if any(p is not None for p in layers) else None
-        self.__dict__["_lean_compile"] = compile and None not in layers
+        # compiling: the signature its graphs are keyed by (None: no compiled steps)
+        self.__dict__["_lean_compile"] = stack_signature(layers) if compile and None not in layers else None
         try:
             yield self
         finally:
@@ -180,9 +181,11 @@ class DiffusionLM(nn.Module):
         return AttnInputs(cache=cache)
 
     def _compiled_step(self, lean, cache: Optional[KVCache], prune: bool, logits_at, B: int, L: int):
-        """(KV slots, last-layer query rows) when this forward runs the compiled stack (``decoding(compile=True)``,
-        every layer lean, a cached step that does not store and attends to whole buffers, rows a plain slice)."""
-        if lean is None or not self.__dict__.get("_lean_compile") or not prune or cache is None:
+        """(stack signature, KV slots, last-layer query rows) when this forward runs the compiled stack
+        (``decoding(compile=True)``, every layer lean, a cached step that does not store and attends to whole buffers,
+        rows a plain slice)."""
+        signature = self.__dict__.get("_lean_compile")
+        if lean is None or signature is None or not prune or cache is None:
             return None
         rows = None
         if logits_at is not None:
@@ -192,7 +195,7 @@ class DiffusionLM(nn.Module):
             if rows.step != 1:
                 return None
         slots = cache.slot_writes(B)
-        return None if slots is None else (slots, rows)
+        return None if slots is None else (signature, slots, rows)
 
     # --- forward ---------------------------------------------------------------------------------
     def forward(

@@ -180,7 +180,8 @@ class Attention(FusedProjections, nn.Module):
         q, k, v, qk = self._project(x, query_rows)
         if self.qk_norm:
             q, k, qk = self.q_norm(q), self.k_norm(k), None
-        return self.o_proj(attend(q, k, v, qk, cos, sin, attn, query_rows, self.layer_idx, self.rope_full_precision))
+        return self.o_proj(attend(q, k, v, qk, cos, sin, attn, query_rows, self.layer_idx, self.rope_full_precision,
+                                  self.num_heads, self.num_kv_heads, self.head_dim))
 
 
 def project_fused_qkv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], sel: Optional[QuerySel],
@@ -200,11 +201,13 @@ def project_fused_qkv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
 
 
 def attend(q, k, v, qk, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySel], layer_idx: int,
-           rope_full_precision: bool) -> torch.Tensor:
+           rope_full_precision: bool, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
     """RoPE, the cache write and attention of projected (and already q/k-normed) heads: q [B, n, H, D], k and v
-    [B, L, Hk, D], ``qk`` the [q | k] heads as one view or None. Returns [B, n, H * D] (before the output projection)."""
+    [B, L, Hk, D], ``qk`` the [q | k] heads as one view or None. Returns [B, n, H * D] (before the output projection).
+    The head counts come as the layer's ints, not from the shapes: a compiled step keeps them static (a symbolic
+    ``H != Hk`` is not a bool that SDPA takes)."""
     B, L = k.shape[:2]
-    H, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    H, Hk, D = num_heads, num_kv_heads, head_dim
     if qk is not None:  # one RoPE over the q and k heads together
         qk = apply_rope(qk, cos, sin, rope_full_precision)
         q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
