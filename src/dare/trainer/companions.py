@@ -22,15 +22,25 @@ class CompanionState:
 class Companions:
     """The algorithm's companion models of one run (an empty mapping for most methods)."""
 
-    def __init__(self, algo, policy, recipe, env, fsdp: bool, total_updates: int):
+    def __init__(self, algo, policy, recipe, env, fsdp: bool, total_updates: int, placement):
+        """``placement`` (``dare.trainer.assemble.Placement``): where the modules live. The optimizers are built by
+        ``build_optimizers``, once the parameters are materialised."""
         self.items: dict[str, CompanionState] = {}
+        self._pending = []
         for spec in algo.companions():
-            module = spec.build(policy).to(env.device)
+            module = placement.place(spec.build(policy))
             if fsdp:
                 shard_model(module, env, recipe.train.mixed_precision)
+            placement.materialize(module, fsdp)
             module.train()
-            optimizer = build_optimizer(module.parameters(), dataclasses.replace(recipe.optim, lr=spec.lr))
-            self.items[spec.name] = CompanionState(module, optimizer, build_scheduler(optimizer, recipe.optim, total_updates))
+            self._pending.append((spec, module))
+        self._optim, self._total = recipe.optim, total_updates
+
+    def build_optimizers(self) -> None:
+        for spec, module in self._pending:
+            optimizer = build_optimizer(module.parameters(), dataclasses.replace(self._optim, lr=spec.lr))
+            self.items[spec.name] = CompanionState(module, optimizer, build_scheduler(optimizer, self._optim, self._total))
+        self._pending = []
 
     def __bool__(self) -> bool:
         return bool(self.items)

@@ -14,7 +14,6 @@ final export.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -26,16 +25,15 @@ import torch
 
 from ..algorithms.base import StepContext, build_algorithm
 from ..config.core import to_dict
-from ..models.lora import apply_lora
 from . import stages
+from .assemble import assemble
 from .checkpoint import CheckpointError, CheckpointManager
-from .companions import Companions
 from .data import PreferenceSource, SFTSource, load_preference_pairs, load_sft_docs
-from .distributed import DistEnv, set_grad_sync, shard_model
+from .distributed import DistEnv, set_grad_sync
 from .logs import MetricsLogger
 from .model_setup import export_pretrained, load_policy
-from .optim import build_optimizer, build_scheduler, grad_norm_and_clip
-from .reference import CopyReference, build_reference
+from .optim import grad_norm_and_clip
+from .reference import CopyReference
 from .run_folder import RecipeChanged, RunFolderBusy, RunLock, check_resume, fingerprint
 
 log = logging.getLogger(__name__)
@@ -93,39 +91,9 @@ class Trainer:
         recipe = self.recipe
         self.algo = build_algorithm(recipe.algorithm)
         model, self.tokenizer = load_policy(recipe.model)
-        self.algo.check_model(model.adapter)  # fail before any rollout when the method is undefined for this family
-        if self.algo.uses_rollout:
-            self.algo.check_rollout(recipe.rollout.sampler, model.adapter)
-        if recipe.lora.enabled:
-            lc = recipe.lora
-            apply_lora(model, lc.r, lc.alpha, lc.dropout, lc.target_modules, lc.include_experts, seed=recipe.train.seed)
-        if recipe.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        model.to(self.env.device)
-        self.reference = None
-        if self.algo.needs_reference:  # copied before sharding, then sharded the same way
-            self.reference = build_reference(recipe.reference.mode, model, recipe.lora.enabled)
-        sync_every = self.algo.reference_sync[0]
-        if sync_every and self.reference is not None and not isinstance(self.reference, CopyReference):
-            raise ValueError(f"algorithm.ref_sync_every={sync_every} needs a frozen copy to update: set reference.mode: "
-                             f"copy, or algorithm.ref_sync_every: 0 to keep the LoRA-disabled base as the reference")
-        self.fsdp = self.env.distributed and recipe.distributed.fsdp
-        if self.env.distributed and not recipe.distributed.fsdp:
-            raise ValueError("distributed.fsdp: false with several processes is not supported (use FSDP2 or nproc: 1)")
-        mp = recipe.train.mixed_precision
-        # Models the algorithm trains alongside the policy (TraceRL's value model): copies of the unsharded policy.
-        self.companions = Companions(self.algo, model, recipe, self.env, self.fsdp, recipe.train.steps * self.algo.inner_iterations)
-        if self.fsdp:
-            shard_model(model, self.env, mp)
-            if isinstance(self.reference, CopyReference):
-                shard_model(self.reference.model, self.env, mp)
-        # Single process: autocast does what FSDP's mixed-precision policy does under FSDP.
-        self._autocast = (lambda: torch.autocast(self.env.device.type, dtype=torch.bfloat16)) if mp == "bf16" and not self.fsdp \
-            else contextlib.nullcontext
-        model.train()
-        self.model = model
-        self.optimizer = build_optimizer(model.parameters(), recipe.optim)
-        self.scheduler = build_scheduler(self.optimizer, recipe.optim, recipe.train.steps * self.algo.inner_iterations)
+        built = assemble(recipe, self.env, self.algo, model)
+        self.model, self.reference, self.companions = built.model, built.reference, built.companions
+        self.optimizer, self.scheduler, self.fsdp, self._autocast = built.optimizer, built.scheduler, built.fsdp, built.autocast
         kind = self.algo.data_kind
         if kind not in DATA_SOURCES:
             raise ValueError(f"algorithm {self.algo.name!r} declares data_kind {kind!r}; known: {', '.join(DATA_SOURCES)}")
