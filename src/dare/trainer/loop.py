@@ -14,6 +14,7 @@ final export.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -86,6 +87,21 @@ class Trainer:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_parts(cls, recipe, env: DistEnv, algo, built, tokenizer, source, rollout=None) -> "Trainer":
+        """A trainer over parts built elsewhere, with no run folder, logger or checkpoints: ``train_step`` runs
+        exactly as in ``run`` (``dare plan`` simulates steps with it, ``phase`` marking each stage)."""
+        self = cls.__new__(cls)
+        self.recipe, self.env, self.algo, self.tokenizer, self.source, self.rollout = recipe, env, algo, tokenizer, source, rollout
+        self.model, self.reference, self.companions = built.model, built.reference, built.companions
+        self.optimizer, self.scheduler, self.fsdp, self._autocast = built.optimizer, built.scheduler, built.fsdp, built.autocast
+        self.start_step, self.bad_steps = 0, 0
+        return self
+
+    # Stages of a step run inside ``self.phase(name)`` ("rollout", "score", "update"): a no-op in training; the
+    # planner measures memory and FLOPs per stage through it.
+    phase = staticmethod(lambda name: contextlib.nullcontext())
 
     def _build(self) -> None:
         recipe = self.recipe
@@ -196,11 +212,11 @@ class Trainer:
             metrics.update(self.curate_prompts(ctx))
         batch = self.source.batch(step).to(self.env.device)
         if self.rollout is not None:  # (1) rollout, (2) reward
-            with self._autocast():
+            with self.phase("rollout"), self._autocast():
                 batch, rollout_metrics = self.algo.collect(self.rollout, ctx, batch, self.model)
             metrics.update(rollout_metrics)
         t_prepare = time.perf_counter()
-        with self._autocast():
+        with self.phase("score"), self._autocast():
             stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
         metrics["prepare_time"] = time.perf_counter() - t_prepare  # corruption + old / reference / companion scoring
         adv = self.algo.advantages(ctx, batch)  # (4)
@@ -216,11 +232,12 @@ class Trainer:
             self.companions.set_grad_sync(flag)
 
         for it in range(n_it):  # (5)
-            with self._autocast():
-                m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size),
-                                  grad_sync if self.fsdp else None)
-            m = self.env.all_reduce_sums(m)
-            grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")), m)
+            with self.phase("update"):
+                with self._autocast():
+                    m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size),
+                                      grad_sync if self.fsdp else None)
+                m = self.env.all_reduce_sums(m)
+                grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")), m)
             m["grad_norm"] = grad_norm
             for k, v in m.items():
                 sums[k] += v / n_it

@@ -175,21 +175,22 @@ class RolloutStage:
         """What RL hooks may use (``ctx.services``): the recipe's sampler and reward scoring of token ids."""
         return {"rollout_sampler": self.recipe.rollout.sampler, "score_ids": self.score_ids}
 
+    def decode(self, prompts: Batch, seeds: list[int], model, sampler):
+        """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``."""
+        from ..rollout import generate
+        from .distributed import gathered_for_inference
+        chunk = self.recipe.rollout.micro_batch_size or len(seeds)
+        with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
+            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], sampler, n=self.group, seeds=seeds[s:s + chunk])
+                     for s in range(0, len(seeds), chunk)]
+        return _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
+
     def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[Batch, dict]:
         """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
         them; returns the RL batch."""
-        from ..rollout import generate
-        from .distributed import gathered_for_inference
-        rc = self.recipe.rollout
-        sampler = sampler or rc.sampler
+        sampler = sampler or self.recipe.rollout.sampler
         t0 = time.perf_counter()
-        uids = prompts["uid"].tolist()
-        seeds = self.prompt_seeds(ctx, prompts)
-        chunk = rc.micro_batch_size or len(uids)
-        with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
-            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], sampler, n=self.group, seeds=seeds[s:s + chunk])
-                     for s in range(0, len(uids), chunk)]
-        ro = _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
+        ro = self.decode(prompts, self.prompt_seeds(ctx, prompts), model, sampler)
         t1 = time.perf_counter()
         prompt_of = ro.prompt_index.cpu()
         # Each sample's own copy of its example, with the rollout's numbers for rewards that read them (DiRL's speed).

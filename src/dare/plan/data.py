@@ -1,0 +1,125 @@
+"""Stand-ins for the data and the rollout of a planned step, fed through the trainer's own data sources.
+
+Shapes are the largest a recipe allows (every SFT row full, every completion ``gen_length`` long), token values
+are arbitrary non-special ids, rewards alternate within a group so no group is filtered for zero variance."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import torch
+
+from ..trainer.rl import RolloutStage
+
+
+def _tokens(n: int, vocab: int, avoid: set, offset: int) -> list[int]:
+    """``n`` ordinary token ids (never a mask, pad or stop id)."""
+    lo, hi = 16, max(32, min(vocab, min([v for v in avoid if v is not None and v > 32] or [vocab])))
+    span = hi - lo
+    return [lo + (offset * 7919 + 31 * i) % span for i in range(n)]
+
+
+def special_ids(adapter) -> set:
+    return {adapter.mask_token_id, adapter.pad_token_id, adapter.eos_token_id}
+
+
+class PlanTokenizer:
+    """What the loop asks of a tokenizer in a planned step (no vocabulary is needed: texts are never scored)."""
+
+    def __init__(self, adapter, vocab_size: int):
+        self.eos_token_id = adapter.eos_token_id if adapter.eos_token_id is not None else adapter.pad_token_id
+        self.pad_token_id = adapter.pad_token_id if adapter.pad_token_id is not None else self.eos_token_id
+        self.mask_token_id = adapter.mask_token_id
+        self._n = vocab_size
+
+    def __len__(self) -> int:
+        return self._n
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def sft_docs(recipe, adapter, vocab: int, prompt_length: int) -> list:
+    """``train.batch_size`` documents of ``data.max_length`` tokens each (every packed row full)."""
+    from ..trainer.data import SFTDoc
+    L = recipe.data.max_length
+    P = min(prompt_length, L - 1)
+    avoid = special_ids(adapter)
+    return [SFTDoc(i, _tokens(P, vocab, avoid, i), _tokens(L - P, vocab, avoid, i + 1)) for i in range(recipe.train.batch_size)]
+
+
+def preference_pairs(recipe, adapter, vocab: int, prompt_length: int) -> list:
+    from ..trainer.data import PreferencePair
+    L = recipe.data.max_length
+    P = min(prompt_length, L - 1)
+    avoid = special_ids(adapter)
+    return [PreferencePair(i, _tokens(P, vocab, avoid, i), _tokens(L - P, vocab, avoid, i + 1), _tokens(L - P, vocab, avoid, i + 2))
+            for i in range(recipe.train.batch_size)]
+
+
+def prompts(recipe, adapter, vocab: int, prompt_length: int) -> list:
+    avoid = special_ids(adapter)
+    return [SimpleNamespace(input_ids=_tokens(prompt_length, vocab, avoid, i), example={}, text="")
+            for i in range(recipe.train.batch_size)]
+
+
+class SimulatedRollout(RolloutStage):
+    """The recipe's rollout stage with the decoding loop replaced by its largest forwards.
+
+    A decoding loop's length depends on the model's outputs, which a planned (fake) model does not have, so the
+    stage runs the sampler's own code for its first ``probe_steps`` denoising steps (``generate(until_step=...)``:
+    the step that holds the most memory is the first one of a decode for every sampler with a cache — the
+    prefix / dual cache's full refresh, the exact block cache's prompt-storing step — and every uncached step of
+    a masked model has the same shape) on one ``rollout.micro_batch_size`` chunk, then hands the loop completions
+    of full length for its first ``kept_prompts`` prompts (the planner scales the FLOPs of the rest).
+    ``on_probe(steps)`` wraps each probed ``generate`` for the planner."""
+
+    def __init__(self, recipe, tokenizer, env, vocab: int, on_probe, kept_prompts: int):
+        super().__init__(recipe, tokenizer, env)
+        self.vocab, self.on_probe, self.kept = vocab, on_probe, kept_prompts
+
+    def _probe_config(self, sampler):
+        # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
+        return dataclasses.replace(sampler, record_trajectory=False, rcr=False, editing_threshold=None)
+
+    def decode(self, prompts, seeds, model, sampler):
+        from ..rollout import generate
+        from ..rollout.api import Rollout
+        from ..trainer.distributed import gathered_for_inference
+        chunk = self.recipe.rollout.micro_batch_size or len(seeds)
+        probe = self._probe_config(sampler)
+        head = prompts["prompt_tokens"][:chunk]
+        with gathered_for_inference(model):
+            for steps in (1, 2):
+                with self.on_probe(steps):
+                    generate(model, head, probe, n=self.group, seeds=seeds[:chunk], until_step=steps)
+        ids = torch.tensor(prompts["prompt_tokens"][:self.kept], dtype=torch.long).repeat_interleave(self.group, 0)
+        N, P, G = ids.shape[0], ids.shape[1], sampler.gen_length
+        avoid = special_ids(model.adapter)
+        comp = torch.tensor([_tokens(G, self.vocab, avoid, 1000 + r) for r in range(N)], dtype=torch.long)
+        stop = model.adapter.eos_token_id if model.adapter.eos_token_id is not None else model.adapter.pad_token_id
+        trajectory = self._trajectory(comp, sampler, model) if sampler.record_trajectory else None
+        steps_total = max(1, sampler.steps)
+        return Rollout(sequences=torch.cat([ids, comp], 1), attention_mask=torch.ones(N, P + G, dtype=torch.long),
+                       prompt_length=P, completion_ids=comp, completion_mask=torch.ones(N, G, dtype=torch.long),
+                       step_map=(torch.arange(G) * steps_total // G).repeat(N, 1), nfe=steps_total,
+                       prompt_index=torch.arange(N) // self.group, trajectory=trajectory,
+                       sample_index=torch.arange(N) % self.group, num_steps=torch.full((N,), steps_total),
+                       seeds=None, stop_token_ids=(stop,))
+
+    @staticmethod
+    def _trajectory(comp, sampler, model):
+        from ..rollout.api import Trajectory
+        N, G = comp.shape
+        S = max(1, sampler.steps)
+        revealed = (torch.arange(G)[None, :] < (torch.arange(S)[:, None] * G // S))  # [S, G] before step s
+        states = torch.where(revealed[None], comp[:, None, :], torch.tensor(model.adapter.mask_token_id))
+        return Trajectory(states=states, x0=comp[:, None, :].expand(N, S, G).clone(),
+                          confidence=torch.full((N, S, G), 0.5, dtype=torch.float32),
+                          num_steps=torch.full((N,), S), valid=torch.ones(N, S, dtype=torch.bool))
+
+    def score(self, completions, examples) -> torch.Tensor:
+        return (torch.arange(len(completions)) % 2).float()  # alternating: every group has reward variance
+
+    def score_ids(self, completion_ids, examples, stop_token_ids) -> torch.Tensor:
+        return self.score([""] * completion_ids.shape[0], examples).to(completion_ids.device)

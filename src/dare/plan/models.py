@@ -1,0 +1,72 @@
+"""The planned model's shapes without its weights: a config.json (shipped for the models the full-size recipes name,
+or a checkpoint folder, or a hub id fetched online), built on the meta device by the family's own code."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..models.families import detect_family, get_family
+from ..models.loading import CheckpointError, build_model, parse_dtype, resolve_mask_token_id
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def shipped_configs() -> dict[str, dict]:
+    """Hub id -> {"config": config.json, "mask_token_id": id where the config carries none}."""
+    index = json.loads((CONFIG_DIR / "index.json").read_text())
+    return {hub_id: {"config": json.loads((CONFIG_DIR / e["file"]).read_text()), **e} for hub_id, e in index.items()}
+
+
+def _hub_config(hub_id: str) -> tuple[dict, Optional[Path]]:
+    try:
+        from huggingface_hub import hf_hub_download
+        path = Path(hf_hub_download(hub_id, "config.json"))
+    except Exception as e:  # offline, unknown repo
+        raise CheckpointError(f"{hub_id!r}: no config.json shipped with dare ({', '.join(sorted(shipped_configs()))}) "
+                              f"and none could be downloaded ({type(e).__name__}); pass a folder that holds its "
+                              f"config.json as model.path") from e
+    return json.loads(path.read_text()), path.parent
+
+
+def model_config(model_cfg) -> tuple[dict, Optional[int], str]:
+    """(config dict, mask token id or None, where it came from) for a recipe's ``model`` section."""
+    from ..models.tiny_model import tiny_config
+    from ..trainer.model_setup import TINY_PREFIX
+    path = model_cfg.path
+    if path.startswith(TINY_PREFIX):
+        from ..models.tokenizer import tiny_tokenizer
+        cfg, mask_id = tiny_config(path[len(TINY_PREFIX):], tiny_tokenizer(), **model_cfg.tiny_sizes)
+        return cfg, mask_id, f"tiny config of {path}"
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else None
+        if cfg is None:
+            raise CheckpointError(f"{folder} has no config.json")
+        family = detect_family(cfg)
+        mask = resolve_mask_token_id(cfg, folder, family, model_cfg.mask_token_id) if family.uses_mask_token else -1
+        return cfg, mask, str(folder / "config.json")
+    shipped = shipped_configs().get(path)
+    if shipped is not None:
+        cfg = shipped["config"]
+        family = detect_family(cfg)
+        explicit = model_cfg.mask_token_id if model_cfg.mask_token_id is not None else shipped.get("mask_token_id")
+        mask = resolve_mask_token_id(cfg, None, family, explicit) if family.uses_mask_token else -1
+        return cfg, mask, f"dare/plan/configs/{shipped['file']} (published config of {path})"
+    cfg, folder = _hub_config(path)
+    family = detect_family(cfg)
+    mask = resolve_mask_token_id(cfg, folder, family, model_cfg.mask_token_id) if family.uses_mask_token else -1
+    return cfg, mask, f"config.json of {path} from the hub"
+
+
+def meta_model(model_cfg):
+    """(model on the meta device in ``model.dtype``, config source). No weights are read."""
+    cfg, mask_id, source = model_config(model_cfg)
+    family = detect_family(cfg)
+    model = build_model(get_family(family.name), cfg, mask_id, attn_backend=model_cfg.attn_backend, init=False)
+    dtype = parse_dtype(model_cfg.dtype) or torch.float32
+    model = model.to(dtype)
+    model.name_or_path = model_cfg.path
+    return model, source

@@ -1,0 +1,427 @@
+"""``plan_recipe``: one training step of a recipe at full size, run by the trainer's own code on fake tensors.
+
+The model is built from its config.json on the meta device, wrapped by ``dare.trainer.assemble`` (LoRA,
+checkpointing, reference, companions, FSDP2 on a fake process group of the recipe's world size, optimizer) and
+materialised as fake tensors; ``Trainer.from_parts(...).train_step`` then runs one step whose stages are
+measured per phase (``Trainer.phase``): peak memory of rank 0 by category (``FSDPMemTracker`` / ``MemTracker``)
+and FLOPs (``torch.utils.flop_counter``). The optimizer state is created first (a zero-gradient step), so the step
+is a steady-state step. With ``simulate=False`` the same code runs on real tensors (the validation of a plan).
+
+To stay fast, a planned step does less work than a real one where repetitions are identical in memory, and scales
+their FLOPs back (``Plan.scaled``): at most two micro-batches per rank in scoring and update (the first without and
+the last with gradient reduction, as the trainer does), at most two inner iterations, one rollout chunk of
+``rollout.micro_batch_size`` prompts probed for its first two denoising steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .gpus import GIB, get_gpu
+
+PHASES = ("rollout", "score", "update")
+
+
+@dataclass
+class PlanOptions:
+    gpus: Optional[int] = None  # world size (default: the recipe's distributed.nproc x nnodes)
+    gpu: str = "h100"
+    gpu_memory: Optional[int] = None  # bytes per GPU (default: the GPU's nominal memory)
+    nodes: int = 1
+    prompt_length: int = 256  # RL prompt tokens; SFT / DPO prompt part of each row
+    margin: float = 0.10  # fraction of the GPU kept free for what is not modelled (allocator fragmentation)
+    reserved_bytes: int = 2 * GIB  # CUDA context, NCCL buffers, kernel workspaces
+    train_mfu: float = 0.40  # fraction of the dense bf16 peak reached by scoring and updates
+    rollout_mfu: float = 0.10  # decoding steps are small and memory-bound
+    target: str = "cuda"  # the optimizer's implementation follows the target device's default (foreach on CUDA)
+    simulate: bool = True  # False: real tensors (validation)
+    model: Optional[torch.nn.Module] = None  # a real model (simulate=False); default: built from the config
+
+
+@dataclass
+class PhasePlan:
+    name: str
+    peak_bytes: int = 0
+    breakdown: dict = field(default_factory=dict)
+    flops: float = 0.0  # per GPU for one full step (scaled back from the planned work)
+    seconds: float = 0.0
+    kv_cache_bytes: int = 0
+
+
+@dataclass
+class Plan:
+    recipe: str
+    model: str
+    config_source: str
+    family: str
+    parameters: int
+    trainable: int
+    world: int
+    nodes: int
+    gpu: str
+    gpu_memory: int
+    budget: int
+    steps: int
+    phases: list[PhasePlan]
+    scaled: dict
+    assumptions: dict
+    error: Optional[str] = None
+
+    @property
+    def peak_bytes(self) -> int:
+        return max([p.peak_bytes for p in self.phases] or [0])
+
+    @property
+    def peak_phase(self) -> Optional[str]:
+        return max(self.phases, key=lambda p: p.peak_bytes).name if self.phases else None
+
+    @property
+    def flops_per_step(self) -> float:
+        return sum(p.flops for p in self.phases)
+
+    @property
+    def seconds_per_step(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+    @property
+    def hours(self) -> float:
+        return self.steps * self.seconds_per_step / 3600.0
+
+    @property
+    def fits(self) -> bool:
+        return self.error is None and self.peak_bytes <= self.budget
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(peak_bytes=self.peak_bytes, peak_phase=self.peak_phase, flops_per_step=self.flops_per_step,
+                 seconds_per_step=self.seconds_per_step, hours=self.hours, fits=self.fits)
+        return d
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reduced recipe that is simulated
+# ---------------------------------------------------------------------------------------------------------------
+def planned_recipe(recipe, world: int):
+    """(recipe to simulate, FLOP scale per phase, rollout completions kept per rank)."""
+    micro = recipe.train.micro_batch_size
+    algo_cfg = recipe.algorithm
+    n_it = getattr(algo_cfg, "inner_iterations", 1)
+    it_planned = min(n_it, 2)
+    if n_it != it_planned:
+        algo_cfg = dataclasses.replace(algo_cfg, inner_iterations=it_planned)
+    from ..algorithms.base import build_algorithm
+    uses_rollout = build_algorithm(recipe.algorithm).uses_rollout
+    if uses_rollout:
+        per_rank = recipe.train.batch_size // max(world, 1)
+        rows = per_rank * recipe.rollout.group_size
+        kept_prompts = min(per_rank, max(1, -(-2 * micro // recipe.rollout.group_size)))
+        kept_rows = kept_prompts * recipe.rollout.group_size
+        batch = recipe.train.batch_size
+    else:
+        rows = -(-recipe.train.batch_size // max(world, 1))
+        kept_rows = min(rows, 2 * micro)
+        kept_prompts = None
+        batch = kept_rows * world
+    micro_scale = math.ceil(rows / micro) / math.ceil(kept_rows / micro)
+    scale = {"score": micro_scale * n_it / it_planned, "update": micro_scale * n_it / it_planned}
+    train = dataclasses.replace(recipe.train, batch_size=batch)
+    planned = dataclasses.replace(recipe, algorithm=algo_cfg, train=train)
+    return planned, scale, kept_prompts
+
+
+def decode_flops(f_first: float, f_step: float, sampler, adapter, prompt_length: int) -> float:
+    """FLOPs of a whole decode from its first forward and a later (cached) one, by the schedule's step count.
+
+    Threshold / factor decoding may stop a block early: this counts every scheduled step (an upper bound)."""
+    from ..rollout.block import block_schedule
+    from ..rollout.masked import masked_steps
+    G = sampler.gen_length
+    if adapter.is_encoder_decoder:
+        return f_first * max(1, sampler.steps)
+    if adapter.is_block_causal:
+        B = sampler.block_length
+        blocks, spb = G // B, int(block_schedule(sampler).numel())
+        if sampler.cache == "block":
+            return f_first + (blocks * spb - 1) * f_step
+        # uncached: every step reruns the sequence so far; a forward's work grows with its length
+        return sum(spb * f_first * (prompt_length + (b + 1) * B) / (prompt_length + B) for b in range(blocks))
+    blocks, spb = masked_steps(sampler)
+    if sampler.cache in ("prefix", "dual"):
+        return blocks * f_first + blocks * (spb - 1) * f_step
+    return blocks * spb * f_first
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measurement
+# ---------------------------------------------------------------------------------------------------------------
+def _fast_peak(self, peak_state) -> None:
+    """The global peak only (the trackers' per-module peaks cost O(modules) per op, and a plan reads none)."""
+    for dev, snap in self._curr_mem_snap.items():
+        if self._peak_mem.get(dev, 0) < snap["Total"]:
+            self._peak_mem[dev] = snap["Total"]
+            self._peak_mem_snap[dev] = dict(snap)
+
+
+def _forget_repeated_root(self, module) -> None:
+    """The trackers refuse a top-level module called a second time in forward ("multiple iterative calls"): a step
+    has several micro-batches and scoring passes. Their per-module statistics are not used; start them afresh."""
+    if module in self.memory_tracking and not self._mod_tracker.is_bw:
+        fqn = self._mod_tracker.get_known_fqn(module)
+        if fqn is not None and self._mod_tracker.parents - {fqn} == {"Global"}:
+            del self.memory_tracking[module]
+
+
+def _skip_propagation(cls):
+    """A tracker class that ignores DTensor's metadata propagation (``simulate.propagating``)."""
+    from .simulate import propagating
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if propagating():
+            return func(*args, **(kwargs or {}))
+        return cls.__torch_dispatch__(self, func, types, args, kwargs)
+    return __torch_dispatch__
+
+
+def _tracker(built, fsdp: bool):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    extra = [m for m in (getattr(built.reference, "module", None), *built.companions.modules().values()) if m is not None]
+    if fsdp:
+        class PlanFSDPTracker(FSDPMemTracker):
+            _update_peak_stats = _fast_peak
+            __torch_dispatch__ = _skip_propagation(FSDPMemTracker)
+
+            def _fsdp_state_pre_forward(self, fsdp_mod, orig):
+                inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+
+                def pre_forward(*args, **kwargs):
+                    _forget_repeated_root(self, fsdp_mod)
+                    return inner(*args, **kwargs)
+                return pre_forward
+
+        tracker = PlanFSDPTracker(built.model, built.optimizer)
+        for module in extra:  # FSDPMemTracker follows the policy only; the other models' shards are parameters too
+            for p in module.parameters():
+                tracker._update_and_maybe_create_winfos(p.to_local() if hasattr(p, "to_local") else p, _FSDPRefType.SHARDED_PARAM)
+    else:
+        class PlanTracker(MemTracker):
+            _update_peak_stats = _fast_peak
+            __torch_dispatch__ = _skip_propagation(MemTracker)
+
+            def _pre_fw_hook(self, module, inputs):
+                _forget_repeated_root(self, module)
+                super()._pre_fw_hook(module, inputs)
+
+        tracker = PlanTracker()
+        tracker.track_external(built.model, built.optimizer, *extra, *[c.optimizer for c in built.companions.items.values()])
+    return tracker
+
+
+_CATEGORIES = {"Sharded Param": "parameters", "Parameter": "parameters", "Unsharded Param": "gathered parameters",
+               "Buffer": "buffers", "Sharded Grad": "gradients", "Gradient": "gradients",
+               "Unsharded Grad": "unsharded gradients", "Activation": "activations", "Temp": "backward temporaries",
+               "All Gather": "all-gather buffers", "Reduce Scatter": "reduce-scatter buffers",
+               "OptState": "optimizer states", "Optstate": "optimizer states", "Inputs": "inputs", "Other": "other"}
+
+
+def _snapshot(snap: dict) -> dict:
+    out: dict = {}
+    for k, v in snap.items():
+        name = getattr(k, "value", k)
+        if name == "Total" or not v:
+            continue
+        label = _CATEGORIES.get(name, str(name))
+        out[label] = out.get(label, 0) + int(v)
+    return out
+
+
+class _PhaseMeter:
+    """``Trainer.phase`` for a planned step: per phase the peak of rank 0 (since the phase began) and FLOPs."""
+
+    def __init__(self, tracker, sim):
+        self.tracker, self.sim = tracker, sim
+        self.results: dict[str, PhasePlan] = {}
+        self.probes: dict[int, float] = {}
+        self.kv_bytes = 0
+        self.current: Optional[str] = None
+
+    def _reset_peak(self) -> None:
+        t = self.tracker
+        t._peak_mem = {dev: snap["Total"] for dev, snap in t._curr_mem_snap.items()}
+        t._peak_mem_snap = {dev: dict(snap) for dev, snap in t._curr_mem_snap.items()}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        from torch.utils.flop_counter import FlopCounterMode
+        self._reset_peak()
+        self.current = name
+        counter = FlopCounterMode(display=False)
+        with counter:
+            yield
+        res = self.results.setdefault(name, PhasePlan(name))
+        peak = max(self.tracker._peak_mem.values() or [0])
+        if peak >= res.peak_bytes:
+            res.peak_bytes = int(peak)
+            res.breakdown = _snapshot(next(iter(self.tracker._peak_mem_snap.values()), {}))
+        res.flops += float(counter.get_total_flops())
+        self.current = None
+
+    @contextlib.contextmanager
+    def probe(self, steps: int):
+        """One probed ``generate(until_step=steps)`` of the rollout: its FLOPs and the KV cache it allocated."""
+        from torch.utils.flop_counter import FlopCounterMode
+        from ..models.cache import KVCache
+        caches = []
+        original = KVCache.__init__
+
+        def init(cache, *a, **k):
+            original(cache, *a, **k)
+            caches.append(cache)
+        counter = FlopCounterMode(display=False)
+        KVCache.__init__ = init
+        try:
+            with counter:
+                yield
+        finally:
+            KVCache.__init__ = original
+        self.probes[steps] = float(counter.get_total_flops())
+        kv = sum(t.untyped_storage().nbytes() for c in caches for t in (*c.k, *c.v) if t is not None)
+        self.kv_bytes = max(self.kv_bytes, kv)
+
+
+def _prime_optimizers(built) -> None:
+    """A zero-gradient step creates the optimizer states, so the planned step is a steady-state step."""
+    opts = [built.optimizer, *[c.optimizer for c in built.companions.items.values()]]
+    for opt in opts:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def _process_group(world: int, simulate: bool):
+    """A fake process group of ``world`` ranks (this process is rank 0); none needed for one process."""
+    import torch.distributed as dist
+    if world <= 1 or dist.is_initialized():
+        yield
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _fake_placement(sim):
+    from ..trainer.assemble import Placement
+
+    def materialize(module, sharded: bool) -> None:
+        with sim.fake:
+            module.to_empty(device="cpu")
+            if not sharded and hasattr(module, "fuse_projections"):
+                module.fuse_projections()  # as load_model does: q/k/v share one buffer outside FSDP
+    return Placement(place=lambda module: module, materialize=materialize)
+
+
+def _sources(recipe, algo, tokenizer, env, adapter, vocab: int, prompt_length: int):
+    from ..trainer.data import PreferenceSource, SFTSource
+    from ..trainer.rl import PromptSource
+    from . import data
+    kind, seed, bs = algo.data_kind, recipe.train.seed, recipe.train.batch_size
+    if kind == "sft":
+        return SFTSource(data.sft_docs(recipe, adapter, vocab, prompt_length), recipe.data, bs, seed,
+                         tokenizer.eos_token_id, env.rank, env.world_size)
+    if kind == "preference":
+        return PreferenceSource(data.preference_pairs(recipe, adapter, vocab, prompt_length), bs, seed,
+                                tokenizer.eos_token_id, env.rank, env.world_size)
+    if kind == "prompts":
+        return PromptSource(data.prompts(recipe, adapter, vocab, prompt_length), bs, seed, env.rank, env.world_size)
+    raise ValueError(f"dare plan: no planned data for data_kind {kind!r}")
+
+
+def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -> Plan:
+    """Plan one steady-state step of ``recipe`` on ``options.gpus`` GPUs (see the module docstring)."""
+    from ..algorithms.base import build_algorithm
+    from ..trainer.assemble import Placement, assemble
+    from ..trainer.distributed import DistEnv
+    from ..trainer.loop import Trainer
+    from .data import PlanTokenizer, SimulatedRollout
+    from .models import meta_model
+    from .simulate import Simulation
+
+    opts = options or PlanOptions()
+    world = opts.gpus or recipe.distributed.nproc * opts.nodes
+    gpu = get_gpu(opts.gpu)
+    memory = opts.gpu_memory or gpu.memory_bytes
+    budget = int(memory * (1.0 - opts.margin)) - opts.reserved_bytes
+    planned, scale, kept_prompts = planned_recipe(recipe, world)
+    algo = build_algorithm(planned.algorithm)
+    if opts.model is not None:
+        model, source_desc = opts.model, "the given model"
+    else:
+        model, source_desc = meta_model(planned.model)
+    params = sum(p.numel() for p in model.parameters())
+    vocab = model.arch.vocab_size
+    plan = Plan(recipe=name, model=planned.model.path, config_source=source_desc, family=model.family,
+                parameters=params, trainable=0, world=world, nodes=opts.nodes, gpu=gpu.name, gpu_memory=memory,
+                budget=budget, steps=recipe.train.steps, phases=[], scaled=scale, assumptions={})
+    sim = Simulation() if opts.simulate else None
+    with _process_group(world, opts.simulate):
+        import torch.distributed as dist
+        if dist.is_initialized():  # a real process group (validation under torchrun) or the fake one
+            rank, world = dist.get_rank(), dist.get_world_size()
+            plan.world = world
+            backend = dist.get_backend()
+        else:
+            rank, backend = 0, None
+        env = DistEnv(rank, world, rank, torch.device("cpu"), backend)
+        placement = _fake_placement(sim) if sim is not None else Placement.on_device(env.device)
+        built = assemble(planned, env, algo, model, placement)
+        plan.trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad) * (world if built.fsdp else 1)
+        if opts.target == "cuda":  # what torch.optim picks on CUDA tensors (CPU tensors take the per-tensor loop)
+            for opt in (built.optimizer, *[c.optimizer for c in built.companions.items.values()]):
+                for group in opt.param_groups:
+                    group["foreach"] = True
+        tokenizer = PlanTokenizer(model.adapter, vocab)
+        source = _sources(planned, algo, tokenizer, env, model.adapter, vocab, opts.prompt_length)
+        tracker = _tracker(built, built.fsdp)
+        meter = _PhaseMeter(tracker, sim)
+        rollout = None
+        if algo.uses_rollout:
+            rollout = SimulatedRollout(planned, tokenizer, env, vocab, meter.probe, kept_prompts)
+        trainer = Trainer.from_parts(planned, env, algo, built, tokenizer, source, rollout)
+        trainer.phase = meter
+        try:
+            with (sim if sim is not None else contextlib.nullcontext()), tracker:
+                _prime_optimizers(built)
+                trainer.train_step(0)
+        except Exception as e:  # a stage the simulation cannot run: say which and why, keep what was measured
+            plan.error = f"{meter.current or 'setup'}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if sim is not None:
+            plan.assumptions = dict(sim.assumptions)
+    for name_ in PHASES:
+        res = meter.results.get(name_)
+        if res is None:
+            continue
+        if name_ == "rollout" and meter.probes:
+            f1 = meter.probes.get(1, 0.0)
+            f2 = max(meter.probes.get(2, 0.0) - f1, 0.0)
+            chunk = planned.rollout.micro_batch_size or (planned.train.batch_size // world)
+            chunks = math.ceil((planned.train.batch_size // world) / chunk)
+            res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length)
+            res.kv_cache_bytes = meter.kv_bytes
+            res.seconds = res.flops / (opts.rollout_mfu * gpu.bf16_flops)
+        else:
+            res.flops *= scale.get(name_, 1.0)
+            res.seconds = res.flops / (opts.train_mfu * gpu.bf16_flops)
+        plan.phases.append(res)
+    return plan

@@ -1,0 +1,172 @@
+"""Run dare's own training code at full size on a CPU without the memory: fake weights and activations, real data.
+
+``simulation()`` stacks two dispatch modes. ``FakeTensorMode`` gives every tensor that touches a weight (parameters,
+activations, logits, gradients, optimizer states, KV caches) shape, dtype and storage size but no data, so an 8B
+model "runs" in seconds and bytes can be counted. ``_RealData`` above it runs, for real, every op whose inputs are
+all real tensors and every small factory: token ids, attention and block masks, position ids, noise levels and
+the masks drawn from ``torch.Generator``s are computed exactly as in training, so the data-dependent checks and
+indexing of the model and the algorithms (``bool(mask.all())``, ``mask.nonzero()``, packed rows) see the values a
+real step sees. What cannot be known without weights is answered by a stated assumption, counted in
+``Simulation.assumptions``:
+
+- a Python scalar read from a fake tensor (``.item()``, ``bool(...)`` of a loss or a logit): True / 1 / 1.0;
+- ``nonzero`` of a fake tensor: every element selected (the largest shape, an upper bound on memory);
+- MoE routing (``dare.models.modules.SparseMoE`` reads ``routing_assumption()``): every expert receives the
+  same number of tokens (balanced routing; a real step's imbalance is not modelled).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+
+# An integer / bool factory (no tensor input) is materialised for real below this size. Generator draws are always
+# real, so the noise of a planned step is the noise of a real step.
+REAL_FACTORY_BYTES = 32 * 2**20
+
+_state: dict = {"active": None, "propagating": 0}
+
+
+def is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+def active() -> Optional["Simulation"]:
+    """The running simulation, or None (model code asks this where a value cannot be known without weights)."""
+    return _state["active"]
+
+
+def balanced_routing(num_tokens: int, top_k: int, num_experts: int, device) -> torch.Tensor:
+    """Expert ids [T, k] that give every expert the same number of tokens (+-1), k distinct experts per token."""
+    slots = torch.arange(num_tokens * top_k, device=device).view(num_tokens, top_k)
+    return slots % num_experts
+
+
+def _meta_outputs(func, args, kwargs) -> Optional[list]:
+    """The outputs of a factory op as meta tensors (shape and dtype without memory), None if it has no device."""
+    try:
+        kw = dict(kwargs)
+        kw["device"] = "meta"
+        kw.pop("pin_memory", None)
+        out = func(*args, **kw)
+    except Exception:
+        return None
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+_INDEXING = (aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
+
+
+def _bool_indices_as_long(func, args):
+    """A real bool mask indexing a fake tensor: its positions are known, so give the fake side the equivalent
+    long indices (a fake tensor cannot take a bool index: its result size would be unknown)."""
+    indices = list(args[1])
+    out = []
+    for ix in indices:
+        if isinstance(ix, torch.Tensor) and not is_fake(ix) and ix.dtype == torch.bool:
+            with _disable_current_modes():
+                out.extend(ix.nonzero(as_tuple=True))
+        else:
+            out.append(ix)
+    return (args[0], out, *args[2:])
+
+
+class _RealData(TorchDispatchMode):
+    def __init__(self, sim: "Simulation"):
+        super().__init__()
+        self.sim = sim
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = tree_flatten((args, kwargs))[0]
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        fake = any(is_fake(t) for t in tensors)
+        if not fake and self._run_real(func, tensors, args, kwargs):
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        if fake and func in _INDEXING:
+            args = _bool_indices_as_long(func, args)
+        if fake and func is aten._local_scalar_dense.default:
+            dtype = args[0].dtype
+            self.sim.assume(f"scalar read from a fake tensor ({dtype}) taken as {'True' if dtype == torch.bool else 1}")
+            return True if dtype == torch.bool else (1 if not dtype.is_floating_point else 1.0)
+        if fake and func is aten.nonzero.default:
+            x = args[0]
+            self.sim.assume("nonzero of a fake tensor: every element selected")
+            return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _run_real(func, tensors, args, kwargs) -> bool:
+        if tensors:
+            return True
+        if kwargs.get("generator") is not None:
+            return True
+        meta = _meta_outputs(func, args, kwargs)
+        # Floating-point buffers hold computed values (caches, FSDP's gather / reduce buffers, optimizer states):
+        # fake. Integer and bool ones (positions, masks, indices) are data: real while small.
+        return (meta is not None and not any(t.is_floating_point() for t in meta)
+                and sum(t.numel() * t.element_size() for t in meta) <= REAL_FACTORY_BYTES)
+
+
+def propagating() -> bool:
+    """True while DTensor derives an op's output metadata (fake tensors that are no allocation of the step)."""
+    return _state["propagating"] > 0
+
+
+@contextlib.contextmanager
+def _mark_propagation():
+    """DTensor computes output metadata under the active fake mode when there is one (ours), so a memory tracker
+    would count those metadata tensors as allocations. Mark the calls, so the planner's trackers skip them."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def marked(self, op_schema):
+        _state["propagating"] += 1
+        try:
+            return original(self, op_schema)
+        finally:
+            _state["propagating"] -= 1
+    ShardingPropagator._propagate_tensor_meta_non_cached = marked
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+class Simulation:
+    """Context of one planning run: ``fake`` (the FakeTensorMode), the assumptions it had to make."""
+
+    def __init__(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.assumptions: Counter = Counter()
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    def assume(self, what: str) -> None:
+        self.assumptions[what] += 1
+
+    def __enter__(self) -> "Simulation":
+        if _state["active"] is not None:
+            raise RuntimeError("a planning simulation is already running")
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(_mark_propagation())
+        self._stack.enter_context(self.fake)
+        self._stack.enter_context(_RealData(self))
+        _state["active"] = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _state["active"] = None
+        self._stack.__exit__(*exc)
+
+
+def simulation() -> Simulation:
+    return Simulation()
