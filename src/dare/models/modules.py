@@ -301,6 +301,17 @@ class Router(nn.Module):
         return weights, idx, logits
 
 
+def planned_routing(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``idx`` itself, except in a ``dare plan`` simulation, whose router outputs have no values: there every expert
+    gets the same number of tokens (``dare.plan.simulate.balanced_routing``)."""
+    from ..plan import simulate
+    sim = simulate.active()
+    if sim is None or not simulate.is_fake(idx):
+        return idx
+    sim.assume("MoE routing balanced (every expert the same number of tokens)")
+    return simulate.balanced_routing(idx.shape[0], idx.shape[1], num_experts, idx.device)
+
+
 class SparseMoE(nn.Module):
     def __init__(self, arch: ModelArch):
         super().__init__()
@@ -316,6 +327,7 @@ class SparseMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         weights, idx, _ = self.gate(flat)
+        idx = planned_routing(idx, self.spec.num_experts)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(flat)
         # Loop over experts that received tokens (E is small per layer; tokens are gathered, not padded).

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from ..trainer.rl import RolloutStage
+from .simulate import real_data
 
 
 def _tokens(n: int, vocab: int, avoid: set, offset: int) -> list[int]:
@@ -17,6 +18,18 @@ def _tokens(n: int, vocab: int, avoid: set, offset: int) -> list[int]:
     lo, hi = 16, max(32, min(vocab, min([v for v in avoid if v is not None and v > 32] or [vocab])))
     span = hi - lo
     return [lo + (offset * 7919 + 31 * i) % span for i in range(n)]
+
+
+def schedule(sampler, adapter) -> tuple[int, int]:
+    """(blocks, denoising steps per block) of the sampler's schedule for this model (the canvas sampler: one
+    block of ``steps`` passes)."""
+    if adapter.is_encoder_decoder:
+        return 1, max(1, sampler.steps or 1)
+    if adapter.is_block_causal:
+        from ..rollout.block import block_schedule
+        return sampler.gen_length // sampler.block_length, int(block_schedule(sampler).numel())
+    from ..rollout.masked import masked_steps
+    return masked_steps(sampler)
 
 
 def special_ids(adapter) -> set:
@@ -84,22 +97,33 @@ class SimulatedRollout(RolloutStage):
 
     def decode(self, prompts, seeds, model, sampler):
         from ..rollout import generate
-        from ..rollout.api import Rollout
         from ..trainer.distributed import gathered_for_inference
         chunk = self.recipe.rollout.micro_batch_size or len(seeds)
         probe = self._probe_config(sampler)
+        steps = (1, 2)
+        if schedule(probe, model.adapter)[1] == 1:
+            # One step per block: every forward is a block's first. Two scheduled steps (same shapes) let the
+            # probe pause after the first without the block having to finish.
+            probe, steps = dataclasses.replace(probe, steps=None, steps_per_block=2), (1,)
         head = prompts["prompt_tokens"][:chunk]
         with gathered_for_inference(model):
-            for steps in (1, 2):
-                with self.on_probe(steps):
-                    generate(model, head, probe, n=self.group, seeds=seeds[:chunk], until_step=steps)
+            for n_steps in steps:
+                with self.on_probe(n_steps):
+                    generate(model, head, probe, n=self.group, seeds=seeds[:chunk], until_step=n_steps)
+        with real_data():
+            return self._completed(prompts, model, sampler)
+
+    def _completed(self, prompts, model, sampler):
+        """A finished rollout of the kept prompts: every completion ``gen_length`` ordinary tokens."""
+        from ..rollout.api import Rollout
         ids = torch.tensor(prompts["prompt_tokens"][:self.kept], dtype=torch.long).repeat_interleave(self.group, 0)
         N, P, G = ids.shape[0], ids.shape[1], sampler.gen_length
         avoid = special_ids(model.adapter)
         comp = torch.tensor([_tokens(G, self.vocab, avoid, 1000 + r) for r in range(N)], dtype=torch.long)
         stop = model.adapter.eos_token_id if model.adapter.eos_token_id is not None else model.adapter.pad_token_id
-        trajectory = self._trajectory(comp, sampler, model) if sampler.record_trajectory else None
-        steps_total = max(1, sampler.steps)
+        blocks, spb = schedule(sampler, model.adapter)
+        steps_total = blocks * spb
+        trajectory = self._trajectory(comp, steps_total, model) if sampler.record_trajectory else None
         return Rollout(sequences=torch.cat([ids, comp], 1), attention_mask=torch.ones(N, P + G, dtype=torch.long),
                        prompt_length=P, completion_ids=comp, completion_mask=torch.ones(N, G, dtype=torch.long),
                        step_map=(torch.arange(G) * steps_total // G).repeat(N, 1), nfe=steps_total,
@@ -108,10 +132,9 @@ class SimulatedRollout(RolloutStage):
                        seeds=None, stop_token_ids=(stop,))
 
     @staticmethod
-    def _trajectory(comp, sampler, model):
+    def _trajectory(comp, S: int, model):
         from ..rollout.api import Trajectory
         N, G = comp.shape
-        S = max(1, sampler.steps)
         revealed = (torch.arange(G)[None, :] < (torch.arange(S)[:, None] * G // S))  # [S, G] before step s
         states = torch.where(revealed[None], comp[:, None, :], torch.tensor(model.adapter.mask_token_id))
         return Trajectory(states=states, x0=comp[:, None, :].expand(N, S, G).clone(),
@@ -119,7 +142,8 @@ class SimulatedRollout(RolloutStage):
                           num_steps=torch.full((N,), S), valid=torch.ones(N, S, dtype=torch.bool))
 
     def score(self, completions, examples) -> torch.Tensor:
-        return (torch.arange(len(completions)) % 2).float()  # alternating: every group has reward variance
+        with real_data():
+            return (torch.arange(len(completions)) % 2).float()  # alternating: every group has reward variance
 
     def score_ids(self, completion_ids, examples, stop_token_ids) -> torch.Tensor:
         return self.score([""] * completion_ids.shape[0], examples).to(completion_ids.device)

@@ -138,19 +138,16 @@ def decode_flops(f_first: float, f_step: float, sampler, adapter, prompt_length:
     """FLOPs of a whole decode from its first forward and a later (cached) one, by the schedule's step count.
 
     Threshold / factor decoding may stop a block early: this counts every scheduled step (an upper bound)."""
-    from ..rollout.block import block_schedule
-    from ..rollout.masked import masked_steps
-    G = sampler.gen_length
+    from .data import schedule
+    blocks, spb = schedule(sampler, adapter)
     if adapter.is_encoder_decoder:
-        return f_first * max(1, sampler.steps)
+        return f_first * blocks * spb
     if adapter.is_block_causal:
         B = sampler.block_length
-        blocks, spb = G // B, int(block_schedule(sampler).numel())
         if sampler.cache == "block":
             return f_first + (blocks * spb - 1) * f_step
         # uncached: every step reruns the sequence so far; a forward's work grows with its length
         return sum(spb * f_first * (prompt_length + (b + 1) * B) / (prompt_length + B) for b in range(blocks))
-    blocks, spb = masked_steps(sampler)
     if sampler.cache in ("prefix", "dual"):
         return blocks * f_first + blocks * (spb - 1) * f_step
     return blocks * spb * f_first
@@ -386,7 +383,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         env = DistEnv(rank, world, rank, torch.device("cpu"), backend)
         placement = _fake_placement(sim) if sim is not None else Placement.on_device(env.device)
         built = assemble(planned, env, algo, model, placement)
-        plan.trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad) * (world if built.fsdp else 1)
+        plan.trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)  # DTensor: global numel
         if opts.target == "cuda":  # what torch.optim picks on CUDA tensors (CPU tensors take the per-tensor loop)
             for opt in (built.optimizer, *[c.optimizer for c in built.companions.items.values()]):
                 for group in opt.param_groups:
@@ -410,11 +407,11 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             plan.assumptions = dict(sim.assumptions)
     for name_ in PHASES:
         res = meter.results.get(name_)
-        if res is None:
+        if res is None or (name_ == "score" and res.flops == 0):  # nothing to score (SFT): no phase
             continue
         if name_ == "rollout" and meter.probes:
             f1 = meter.probes.get(1, 0.0)
-            f2 = max(meter.probes.get(2, 0.0) - f1, 0.0)
+            f2 = max(meter.probes[2] - f1, 0.0) if 2 in meter.probes else f1
             chunk = planned.rollout.micro_batch_size or (planned.train.batch_size // world)
             chunks = math.ceil((planned.train.batch_size // world) / chunk)
             res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length)

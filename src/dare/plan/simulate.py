@@ -26,11 +26,13 @@ from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
 
-# An integer / bool factory (no tensor input) is materialised for real below this size. Generator draws are always
-# real, so the noise of a planned step is the noise of a real step.
+# A factory (no tensor input) is materialised for real below this size, except FSDP's own buffers (always fake).
+# Generator draws are always real, so the noise of a planned step is the noise of a real step. A fake value
+# written into a real tensor (a loss assembled chunk by chunk into a buffer) leaves the buffer's values stale, but
+# autograd records the write, so the backward through the model still runs in full.
 REAL_FACTORY_BYTES = 32 * 2**20
 
-_state: dict = {"active": None, "propagating": 0}
+_state: dict = {"active": None, "propagating": 0, "fsdp": 0}
 
 
 def is_fake(t) -> bool:
@@ -110,10 +112,12 @@ class _RealData(TorchDispatchMode):
         if kwargs.get("generator") is not None:
             return True
         meta = _meta_outputs(func, args, kwargs)
-        # Floating-point buffers hold computed values (caches, FSDP's gather / reduce buffers, optimizer states):
-        # fake. Integer and bool ones (positions, masks, indices) are data: real while small.
-        return (meta is not None and not any(t.is_floating_point() for t in meta)
-                and sum(t.numel() * t.element_size() for t in meta) <= REAL_FACTORY_BYTES)
+        if meta is None:
+            return False
+        # FSDP's buffers become parameters and gradients: fake, or garbage would reach the gradient norm.
+        if _state["fsdp"] and any(t.is_floating_point() for t in meta):
+            return False
+        return sum(t.numel() * t.element_size() for t in meta) <= REAL_FACTORY_BYTES
 
 
 def propagating() -> bool:
@@ -141,6 +145,38 @@ def _mark_propagation():
         ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
+_FSDP_METHODS = ("lazy_init", "unshard", "wait_for_unshard", "reshard", "pre_forward", "post_forward", "pre_backward",
+                 "post_backward", "finalize_backward", "_to_sharded", "_to_unsharded", "_to_sharded_post_forward")
+
+
+@contextlib.contextmanager
+def _mark_fsdp():
+    """Mark the calls of FSDP2's parameter-group machinery (all-gather, reduce-scatter, resharding)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    originals = {name: getattr(FSDPParamGroup, name) for name in _FSDP_METHODS if hasattr(FSDPParamGroup, name)}
+
+    def marked(fn):
+        def inner(*args, **kwargs):
+            _state["fsdp"] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _state["fsdp"] -= 1
+        return inner
+    for name, fn in originals.items():
+        setattr(FSDPParamGroup, name, marked(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(FSDPParamGroup, name, fn)
+
+
+def real_data():
+    """A context in which tensors are made for real (the planner's stand-in data), whatever modes are active."""
+    return _disable_current_modes()
+
+
 class Simulation:
     """Context of one planning run: ``fake`` (the FakeTensorMode), the assumptions it had to make."""
 
@@ -158,6 +194,7 @@ class Simulation:
             raise RuntimeError("a planning simulation is already running")
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(_mark_propagation())
+        self._stack.enter_context(_mark_fsdp())
         self._stack.enter_context(self.fake)
         self._stack.enter_context(_RealData(self))
         _state["active"] = self
