@@ -170,6 +170,10 @@ class DistributedSection:
     nproc: int = 1  # > 1: `dare train` launches torchrun itself
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
     fsdp: bool = True  # shard with FSDP2 fully_shard when world size > 1
+    # FSDP gradient reduction: "last" reduce-scatters once per update, after the last micro-batch (FSDP2 then keeps
+    # the unsharded fp32 gradients of every parameter while it accumulates: 4 bytes x all parameters per GPU);
+    # "every" reduce-scatters after each micro-batch (sharded gradients only; one reduce-scatter per micro-batch).
+    grad_sync: Literal["last", "every"] = "last"
 
 
 @dataclass

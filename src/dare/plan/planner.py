@@ -128,7 +128,8 @@ def planned_recipe(recipe, world: int):
         kept_prompts = None
         batch = kept_rows * world
     micro_scale = math.ceil(rows / micro) / math.ceil(kept_rows / micro)
-    scale = {"score": micro_scale * n_it / it_planned, "update": micro_scale * n_it / it_planned}
+    # the update runs one inner iteration (``_PhaseMeter`` ends the step at the second: same memory)
+    scale = {"score": micro_scale * n_it / it_planned, "update": micro_scale * n_it}
     train = dataclasses.replace(recipe.train, batch_size=batch)
     planned = dataclasses.replace(recipe, algorithm=algo_cfg, train=train)
     return planned, scale, kept_prompts
@@ -238,6 +239,10 @@ def _snapshot(snap: dict) -> dict:
     return out
 
 
+class _StepPlanned(Exception):
+    """Raised by the meter once every distinct stage of the step has run."""
+
+
 class _PhaseMeter:
     """``Trainer.phase`` for a planned step: per phase the peak of rank 0 (since the phase began) and FLOPs."""
 
@@ -256,6 +261,8 @@ class _PhaseMeter:
     @contextlib.contextmanager
     def __call__(self, name: str):
         from torch.utils.flop_counter import FlopCounterMode
+        if name == "update" and name in self.results:
+            raise _StepPlanned  # further inner iterations repeat the first one's memory; their FLOPs are scaled
         self._reset_peak()
         self.current = name
         counter = FlopCounterMode(display=False)
@@ -397,12 +404,21 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             rollout = SimulatedRollout(planned, tokenizer, env, vocab, meter.probe, kept_prompts)
         trainer = Trainer.from_parts(planned, env, algo, built, tokenizer, source, rollout)
         trainer.phase = meter
+        steps_taken = []
+        built.optimizer.register_step_post_hook(lambda *a: steps_taken.append(1))
         try:
             with (sim if sim is not None else contextlib.nullcontext()), tracker:
                 _prime_optimizers(built)
-                trainer.train_step(0)
+                primed = len(steps_taken)
+                try:
+                    trainer.train_step(0)
+                except _StepPlanned:
+                    pass
+                if len(steps_taken) == primed:
+                    raise RuntimeError("the planned step skipped its optimizer step (a non-finite loss or gradient "
+                                       "norm), so its peak would be missing")
         except Exception as e:  # a stage the simulation cannot run: say which and why, keep what was measured
-            plan.error = f"{meter.current or 'setup'}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            plan.error = f"{meter.current or 'step'}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         if sim is not None:
             plan.assumptions = dict(sim.assumptions)
     for name_ in PHASES:

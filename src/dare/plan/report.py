@@ -32,6 +32,11 @@ def knobs(plan, phase: str, recipe) -> list[str]:
             out.append("model.gradient_checkpointing: true")
         if recipe.train.chunk_size > 256:
             out.append(f"train.chunk_size (rows per log-softmax chunk, now {recipe.train.chunk_size})")
+        accumulating = max([p.breakdown.get("backward temporaries", 0) + p.breakdown.get("unsharded gradients", 0)
+                            for p in plan.phases if p.name == phase] or [0])
+        if plan.world > 1 and recipe.distributed.grad_sync == "last" and accumulating > 0.25 * plan.peak_bytes:
+            out.append("distributed.grad_sync: every (reduce-scatter each micro-batch instead of accumulating unsharded "
+                       "fp32 gradients)")
         if not recipe.lora.enabled:
             out.append("lora.enabled: true (no full-size gradients or optimizer states)")
     out.append(f"more GPUs (--gpus; now {plan.world}): parameters, gradients and optimizer states shard over them")

@@ -63,6 +63,7 @@ def _meta_outputs(func, args, kwargs) -> Optional[list]:
     return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
+_UNINITIALISED = (aten.empty.memory_format, aten.empty_strided.default)
 _INDEXING = (aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 
 
@@ -92,7 +93,10 @@ class _RealData(TorchDispatchMode):
         fake = any(is_fake(t) for t in tensors)
         if not fake and self._run_real(func, tensors, args, kwargs):
             with _disable_current_modes():
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if func in _UNINITIALISED and out.is_floating_point():
+                    out.zero_()  # a buffer a fake value will be written into: stale zeros, never NaN garbage
+                return out
         if fake and func in _INDEXING:
             args = _bool_indices_as_long(func, args)
         if fake and func is aten._local_scalar_dense.default:

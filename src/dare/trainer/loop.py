@@ -235,7 +235,7 @@ class Trainer:
             with self.phase("update"):
                 with self._autocast():
                     m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size),
-                                      grad_sync if self.fsdp else None)
+                                      grad_sync if self.fsdp and self.recipe.distributed.grad_sync == "last" else None)
                 m = self.env.all_reduce_sums(m)
                 grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")), m)
             m["grad_norm"] = grad_norm

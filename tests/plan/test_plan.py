@@ -1,0 +1,112 @@
+"""dare plan: the simulated step equals the same step on real tensors; full-size plans are fast and say why."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dare.config.recipe import load_recipe
+from dare.plan.gpus import GIB, parse_bytes
+from dare.plan.planner import PlanOptions, plan_recipe
+from dare.plan.validate import measure, measure_here
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _peaks(plan) -> dict:
+    phases = plan["phases"] if isinstance(plan, dict) else [p.__dict__ for p in plan.phases]
+    return {p["name"]: p["peak_bytes"] for p in phases}
+
+
+def _planned(recipe, gpus):
+    return plan_recipe(recipe, PlanOptions(gpus=gpus, target="cpu"))
+
+
+@pytest.mark.parametrize("recipe,overrides,gpus", [
+    ("recipes/sft_tiny.yaml", [], 1),
+    ("recipes/sft_tiny.yaml", ["model.gradient_checkpointing=true"], 2),
+    ("recipes/sft_tiny.yaml", ["model.path=tiny:llada2_moe", "lora.enabled=true"], 2),
+    ("recipes/d1_tiny.yaml", [], 2),
+    ("recipes/rl/tracerl_with_value.yaml", [], 2),
+])
+def test_plan_equals_the_step_on_real_tensors(recipe, overrides, gpus):
+    """Fake weights, same code: every phase's peak of rank 0 is within 3 % of the real-tensor run's (fake process group;
+    the issue asks 5 %; most configurations agree to the byte, checkpointing differs by ~1 %)."""
+    r = load_recipe(ROOT / recipe, overrides)
+    planned = _planned(r, gpus)
+    assert planned.error is None, planned.error
+    real = measure_here(r, PlanOptions(gpus=gpus, target="cpu"))
+    assert real["error"] is None, real["error"]
+    assert set(_peaks(planned)) == set(_peaks(real)) and planned.phases
+    for name, peak in _peaks(real).items():
+        assert abs(_peaks(planned)[name] - peak) <= 0.03 * peak, (name, _peaks(planned), _peaks(real))
+
+
+def test_plan_follows_the_trainers_wrapping():
+    """LoRA and the gradient-sync setting change the plan the way they change training (checkpointing is held to
+    the real-tensor measurement above)."""
+    base = ["model.path=tiny:llada", "train.micro_batch_size=2", "train.batch_size=8", "data.max_length=256"]
+    r = lambda *o: load_recipe(ROOT / "recipes/sft_tiny.yaml", [*base, *o])
+    plain = _planned(r(), 2)
+    lora = _planned(r("lora.enabled=true"), 2)
+    every = _planned(r("distributed.grad_sync=every"), 2)
+    assert lora.trainable < plain.trainable and lora.phases[-1].breakdown["optimizer states"] < plain.phases[-1].breakdown["optimizer states"]
+    assert "unsharded gradients" in plain.phases[-1].breakdown and every.peak_bytes < plain.peak_bytes
+
+
+def test_full_size_sft_plan_llada_8b():
+    """LLaDA-8B SFT over 8 GPUs from the shipped config.json: the shards are exactly 1/8 of the model."""
+    r = load_recipe(ROOT / "recipes/sft_llada_8b.yaml")
+    plan = plan_recipe(r, PlanOptions())
+    assert plan.error is None and plan.parameters == 8_015_581_184 and plan.world == 8
+    update = plan.phases[-1].breakdown
+    shard = plan.parameters * 4 / 8  # fp32 master weights
+    assert abs(update["parameters"] - shard) < 0.01 * shard
+    assert abs(update["optimizer states"] - 2 * shard) < 0.01 * 2 * shard
+    # 6 N T per token trained, plus the recomputed forward of checkpointing: between 6 and 8 N T
+    tokens = r.train.batch_size // 8 * r.data.max_length
+    assert 5.5 * plan.parameters * tokens < plan.flops_per_step < 8.5 * plan.parameters * tokens
+    assert plan.fits and plan.peak_bytes < plan.budget
+
+
+def test_verdict_names_the_phase_and_the_knobs():
+    from dare.plan.report import table, verdict
+    r = load_recipe(ROOT / "recipes/d1_tiny.yaml")
+    plan = plan_recipe(r, PlanOptions(gpus=2, gpu_memory=12 * 2**20, reserved_bytes=0, margin=0.0))
+    assert not plan.fits
+    text = verdict(plan, r)
+    assert "does not fit: update" in text and "train.micro_batch_size" in text
+    assert "update" in table(plan, r)
+
+
+def test_cli_json_and_exit_codes(tmp_path):
+    cmd = [sys.executable, "-m", "dare.cli", "plan", "recipes/sft_tiny.yaml", "--gpus", "1", "--json"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["fits"] and data["phases"][0]["name"] == "update" and data["peak_bytes"] > 0
+    res = subprocess.run(cmd[:-1] + ["--gpu-memory", "1MiB", "--reserved", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3 and "does not fit" in res.stdout
+    res = subprocess.run(cmd[:-1] + ["--gpu", "tpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "unknown --gpu 'tpu'" in res.stderr
+
+
+def test_parse_bytes():
+    assert parse_bytes("80GiB") == 80 * GIB and parse_bytes("94GB") == 94 * 10**9 and parse_bytes("512 MiB") == 2**29
+    with pytest.raises(ValueError, match="80GiB"):
+        parse_bytes("eighty")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,overrides", [
+    ("recipes/sft_tiny.yaml", ["model.path=tiny:sdar"]),
+    ("recipes/rl/coupled_grpo.yaml", []),
+])
+def test_plan_equals_two_gloo_processes(recipe, overrides):
+    """The plan of rank 0 on a fake world of 2 equals rank 0 of a real 2-process gloo run."""
+    real = measure(recipe, overrides, 2)
+    assert real["error"] is None
+    planned = _planned(load_recipe(ROOT / recipe, overrides), 2)
+    for name, peak in _peaks(real).items():
+        assert abs(_peaks(planned)[name] - peak) <= 0.03 * peak, (name, _peaks(planned), _peaks(real))
