@@ -234,8 +234,30 @@ def attend(q, k, v, qk, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySe
     mask = take_rows(attn.mask, query_rows, dim=2) if attn.mask is not None and attn.mask.dim() == 4 else attn.mask
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    out = planned_attention(q, k, v, mask, scale, gqa)
+    if out is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(B, Lq, H * D)
+
+
+def planned_attention(q, k, v, mask, scale: float, gqa: bool):
+    """None, except in a ``dare plan`` simulation for CUDA: there attention is CUDA's memory-efficient kernel
+    (output and log-sum-exp kept, no [L, L] probabilities), what SDPA and FlexAttention do on a GPU; the CPU
+    kernels a fake CPU tensor would otherwise take keep the probabilities."""
+    from ..plan import simulate
+    sim = simulate.active()
+    if sim is None or not sim.cuda_kernels or not simulate.is_fake(q):
+        return None
+    sim.assume("attention as CUDA's memory-efficient kernel (no [L, L] probabilities kept)")
+    if gqa:
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    bias = None
+    if mask is not None:
+        bias = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool \
+            else mask.to(q.dtype)
+        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, torch.is_grad_enabled(), 0.0, False,
+                                                                  scale=scale)[0]
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

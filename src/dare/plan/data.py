@@ -76,6 +76,17 @@ def prompts(recipe, adapter, vocab: int, prompt_length: int) -> list:
             for i in range(recipe.train.batch_size)]
 
 
+def _with_steps_per_block(sampler, adapter):
+    for spb, steps in ((3, (1, 2)), (2, (1,))):
+        candidate = dataclasses.replace(sampler, steps=None, steps_per_block=spb)
+        try:
+            schedule(candidate, adapter)
+            return candidate, steps
+        except ValueError:  # more steps than the block has tokens
+            continue
+    raise ValueError(f"dare plan cannot probe a rollout with block_length={sampler.block_length} and one step per block")
+
+
 class SimulatedRollout(RolloutStage):
     """The recipe's rollout stage with the decoding loop replaced by its largest forwards.
 
@@ -101,10 +112,10 @@ class SimulatedRollout(RolloutStage):
         chunk = self.recipe.rollout.micro_batch_size or len(seeds)
         probe = self._probe_config(sampler)
         steps = (1, 2)
-        if schedule(probe, model.adapter)[1] == 1:
-            # One step per block: every forward is a block's first. Two scheduled steps (same shapes) let the
-            # probe pause after the first without the block having to finish.
-            probe, steps = dataclasses.replace(probe, steps=None, steps_per_block=2), (1,)
+        if schedule(probe, model.adapter)[1] < 3:
+            # The probe pauses inside the first block (its commits are lost on fake logits, so no block finishes):
+            # with fewer than 3 scheduled steps per block, schedule 3 (or 2) of the same shapes for the probe.
+            probe, steps = _with_steps_per_block(probe, model.adapter)
         head = prompts["prompt_tokens"][:chunk]
         with gathered_for_inference(model):
             for n_steps in steps:

@@ -11,8 +11,10 @@ real step sees. What cannot be known without weights is answered by a stated ass
 
 - a Python scalar read from a fake tensor (``.item()``, ``bool(...)`` of a loss or a logit): True / 1 / 1.0;
 - ``nonzero`` of a fake tensor: every element selected (the largest shape, an upper bound on memory);
-- MoE routing (``dare.models.modules.SparseMoE`` reads ``routing_assumption()``): every expert receives the
-  same number of tokens (balanced routing; a real step's imbalance is not modelled).
+- MoE routing (``dare.models.modules.planned_routing``): every expert receives the same number of tokens
+  (balanced routing; a real step's imbalance is not modelled);
+- with ``cuda_kernels``, attention (``dare.models.modules.planned_attention``) is CUDA's memory-efficient
+  kernel, as on a GPU, instead of the CPU kernel a fake CPU tensor would take.
 """
 from __future__ import annotations
 
@@ -184,9 +186,10 @@ def real_data():
 class Simulation:
     """Context of one planning run: ``fake`` (the FakeTensorMode), the assumptions it had to make."""
 
-    def __init__(self):
+    def __init__(self, cuda_kernels: bool = False):
         from torch._subclasses.fake_tensor import FakeTensorMode
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.cuda_kernels = cuda_kernels  # plan the memory of the kernels a GPU runs (``planned_attention``)
         self.assumptions: Counter = Counter()
         self._stack: Optional[contextlib.ExitStack] = None
 

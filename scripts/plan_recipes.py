@@ -1,0 +1,121 @@
+"""Plan every full-size training recipe with `dare plan` and write the tables of docs/plan_recipes.md.
+
+    python scripts/plan_recipes.py                  # all full-size recipes (about an hour on 2 cores)
+    python scripts/plan_recipes.py --workers 2      # in parallel processes
+    python scripts/plan_recipes.py --only 'recipes/sft_*'   # a subset (the table keeps the other rows)
+
+Recipes whose planned step is the same (they differ only in data, evaluation, logging or step count: e.g. a paper
+cell's math and code recipes) share one plan. Results are cached in docs/plan_recipes.json, so a rerun re-plans only
+what changed (--force re-plans everything).
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import glob
+import hashlib
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_MD = ROOT / "docs" / "plan_recipes.md"
+OUT_JSON = ROOT / "docs" / "plan_recipes.json"
+# Sections that do not change a planned step's memory or FLOPs per step.
+IGNORED = ("data", "eval", "logging", "reward")
+IGNORED_TRAIN = ("steps", "output_dir", "save_every", "eval_every", "log_every", "keep_checkpoints", "resume", "export")
+
+
+def full_size_recipes() -> list[str]:
+    from dare.config.recipe import load_recipe
+    out = []
+    for path in sorted(glob.glob(str(ROOT / "recipes" / "**" / "*.yaml"), recursive=True)):
+        rel = str(Path(path).relative_to(ROOT))
+        try:
+            r = load_recipe(path)
+        except Exception:  # eval recipes and others that are no training recipe
+            continue
+        if r.model.path.startswith("tiny:") or Path(r.model.path).exists():
+            continue
+        out.append(rel)
+    return out
+
+
+def shape_key(recipe) -> str:
+    from dare.config.core import to_dict
+    d = to_dict(recipe)
+    for k in IGNORED:
+        d.pop(k, None)
+    for k in IGNORED_TRAIN:
+        d["train"].pop(k, None)
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def plan_one(rel: str) -> dict:
+    import torch
+
+    from dare.config.recipe import load_recipe
+    from dare.plan.planner import PlanOptions, plan_recipe
+    torch.set_num_threads(1)
+    plan = plan_recipe(load_recipe(ROOT / rel), PlanOptions(), rel)
+    return plan.to_dict()
+
+
+def gib(n) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def render(rows: list[tuple[str, dict]]) -> str:
+    lines = ["| recipe | model | GPUs | peak GiB / GPU | set by | rollout / score / update GiB | FLOPs / step / GPU | "
+             "h / run at the stated MFU | fits 80 GB |", "|---|---|---:|---:|---|---|---:|---:|---|"]
+    for rel, p in rows:
+        phases = {ph["name"]: ph for ph in p["phases"]}
+        per = " / ".join(gib(phases[n]["peak_bytes"]) if n in phases else "-" for n in ("rollout", "score", "update"))
+        if p["error"]:
+            lines.append(f"| `{rel}` | {p['model']} | {p['world']} | - | - | - | - | - | not planned: {p['error'][:120]} |")
+            continue
+        lines.append(f"| `{rel}` | {p['model']} | {p['world']} | {gib(p['peak_bytes'])} | {p['peak_phase']} | {per} | "
+                     f"{p['flops_per_step'] / 1e15:.2f} PFLOP | {p['hours']:.1f} | {'yes' if p['fits'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--only", default=None, help="glob of recipe paths to (re)plan")
+    ap.add_argument("--force", action="store_true")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from dare.config.recipe import load_recipe
+    cache = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"plans": {}, "recipes": {}}
+    recipes = full_size_recipes()
+    keys = {rel: shape_key(load_recipe(ROOT / rel)) for rel in recipes}
+    wanted = [rel for rel in recipes if args.only is None or fnmatch.fnmatch(rel, args.only)]
+    todo: dict[str, str] = {}
+    for rel in wanted:
+        if args.force or keys[rel] not in cache["plans"]:
+            todo.setdefault(keys[rel], rel)
+    print(f"{len(recipes)} full-size recipes, {len(set(keys.values()))} distinct steps, {len(todo)} to plan", flush=True)
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for key, result in zip(todo, pool.map(plan_one, todo.values())):
+            cache["plans"][key] = result
+            print(f"  {todo[key]}: {gib(result['peak_bytes'])} GiB ({result['peak_phase']}), "
+                  f"{'fits' if result['fits'] else 'DOES NOT FIT' if not result['error'] else result['error']}", flush=True)
+            OUT_JSON.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    cache["recipes"] = {rel: keys[rel] for rel in recipes}
+    OUT_JSON.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    rows = [(rel, cache["plans"][keys[rel]]) for rel in recipes if keys[rel] in cache["plans"]]
+    head = ("# Planned resources of every full-size recipe\n\n"
+            "Generated by `python scripts/plan_recipes.py` with `dare plan`'s defaults: 8 x H100 80GB (or the recipe's "
+            "`distributed.nproc`), a budget of 80 GiB - 10 % - 2 GiB = 70 GiB per GPU, prompts of 256 tokens, time at "
+            "40 % of the dense bf16 peak for scoring and updates and 10 % for decoding (docs/plan.md says what is and "
+            "is not modelled). Peak is rank 0's, per phase, of one steady-state step.\n\n")
+    OUT_MD.write_text(head + render(rows) + "\n")
+    bad = [rel for rel, p in rows if not p["fits"]]
+    print(f"wrote {OUT_MD.relative_to(ROOT)}: {len(rows)} recipes, {len(bad)} not fitting or not planned")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
