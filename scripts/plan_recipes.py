@@ -2,7 +2,8 @@
 
     python scripts/plan_recipes.py                  # all full-size recipes (about an hour on 2 cores)
     python scripts/plan_recipes.py --workers 2      # in parallel processes
-    python scripts/plan_recipes.py --only 'recipes/sft_*'   # a subset (the table keeps the other rows)
+    python scripts/plan_recipes.py --only 'recipes/sft_*' 'recipes/paper/*/d1_math.yaml'   # a subset (the
+                                                    # table lists every recipe planned so far)
 
 Recipes whose planned step is the same (they differ only in data, evaluation, logging or step count: e.g. a paper
 cell's math and code recipes) share one plan. Results are cached in docs/plan_recipes.json, so a rerun re-plans only
@@ -83,7 +84,7 @@ def render(rows: list[tuple[str, dict]]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--only", default=None, help="glob of recipe paths to (re)plan")
+    ap.add_argument("--only", nargs="*", default=None, help="globs of recipe paths to (re)plan")
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     cache = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"plans": {}, "recipes": {}}
     recipes = full_size_recipes()
     keys = {rel: shape_key(load_recipe(ROOT / rel)) for rel in recipes}
-    wanted = [rel for rel in recipes if args.only is None or fnmatch.fnmatch(rel, args.only)]
+    wanted = [rel for rel in recipes if args.only is None or any(fnmatch.fnmatch(rel, g) for g in args.only)]
     todo: dict[str, str] = {}
     for rel in wanted:
         if args.force or keys[rel] not in cache["plans"]:

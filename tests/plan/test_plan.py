@@ -44,13 +44,16 @@ def test_plan_equals_the_step_on_real_tensors(recipe, overrides, gpus):
 
 
 def test_plan_follows_the_trainers_wrapping():
-    """LoRA and the gradient-sync setting change the plan the way they change training (checkpointing is held to
-    the real-tensor measurement above)."""
-    base = ["model.path=tiny:llada", "train.micro_batch_size=2", "train.batch_size=8", "data.max_length=256"]
+    """Checkpointing, LoRA and the gradient-sync setting change the plan the way they change training."""
+    base = ["model.path=tiny:llada", "train.micro_batch_size=2", "train.batch_size=8", "data.max_length=256",
+            "model.tiny_sizes.num_layers=8", "model.tiny_sizes.hidden_size=256", "model.tiny_sizes.intermediate_size=512"]
     r = lambda *o: load_recipe(ROOT / "recipes/sft_tiny.yaml", [*base, *o])
     plain = _planned(r(), 2)
+    ckpt = _planned(r("model.gradient_checkpointing=true"), 2)
     lora = _planned(r("lora.enabled=true"), 2)
     every = _planned(r("distributed.grad_sync=every"), 2)
+    act = lambda p: p.phases[-1].breakdown["activations"]
+    assert act(ckpt) < 0.3 * act(plain) and ckpt.peak_bytes < plain.peak_bytes  # 8 layers: 77 -> 12 MB at the peak
     assert lora.trainable < plain.trainable and lora.phases[-1].breakdown["optimizer states"] < plain.phases[-1].breakdown["optimizer states"]
     assert "unsharded gradients" in plain.phases[-1].breakdown and every.peak_bytes < plain.peak_bytes
 

@@ -90,3 +90,14 @@ def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
     for a, b in zip(one, two):
         for key in ("loss", "grad_norm", "reward_margin"):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+
+
+@pytest.mark.slow
+def test_grad_sync_every_micro_batch_gives_the_same_training(tmp_path):
+    """distributed.grad_sync=every (reduce-scatter each micro-batch) sums the same gradients as the default."""
+    args = ["model.path=tiny:llada", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1", "distributed.nproc=2"]
+    last = _train(tmp_path / "last", *args)
+    every = _train(tmp_path / "every", *args, "distributed.grad_sync=every")
+    for a, b in zip(last, every):
+        for key in ("loss", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
