@@ -35,7 +35,6 @@ CONFIGS = [  # (label, recipe, overrides, processes)
     ("LLaDA2-MoE SFT, LoRA", "recipes/sft_tiny.yaml", ["model.path=tiny:llada2_moe", *SFT, "train.batch_size=8",
                                                         "lora.enabled=true"], 2),
     ("DiffusionGemma SFT", "recipes/diffusion_gemma/sft_tiny.yaml", [], 1),
-    ("DiffusionGemma SFT", "recipes/diffusion_gemma/sft_tiny.yaml", [], 2),
     ("LLaDA RL (d1)", "recipes/d1_tiny.yaml", [], 1),
     ("LLaDA RL (d1)", "recipes/d1_tiny.yaml", [], 2),
     ("LLaDA RL (Coupled-GRPO), checkpointing", "recipes/rl/coupled_grpo.yaml", ["model.gradient_checkpointing=true"], 2),

@@ -136,7 +136,11 @@ def test_logits_at_equals_rows_of_the_full_forward(name):
         assert torch.equal(model(x, logits_at=slice(10, 18)).logits, full[:, 10:18])
         per_row = torch.tensor([[0, 5, 7], [3, 4, 29], [1, 1, 2]])
         got = model(x, logits_at=per_row).logits
-        assert torch.equal(got, full.gather(1, per_row[..., None].expand(-1, -1, full.shape[-1])))
+        # Per-row selection runs the last layer's MLP on 3 rows per sequence; whether a 3-row GEMM rounds like the
+        # full one depends on the BLAS kernel: bitwise on the machines this was written on, within 3.4e-6 on an
+        # AMD EPYC (measured; the same at the commit that added the test). Hold it to float32 rounding.
+        torch.testing.assert_close(got, full.gather(1, per_row[..., None].expand(-1, -1, full.shape[-1])),
+                                   rtol=0, atol=1e-5)
         cache = model.new_cache(30)
         model(x, past_key_values=cache, store_kv=True)
         step_full = model(x[:, 8:16], past_key_values=cache, kv_start=8).logits

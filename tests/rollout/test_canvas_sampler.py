@@ -56,9 +56,32 @@ def test_fixture_exercises_stops_and_early_exits():
     assert all(derive_seed(c["seed"], "rollout-sample", 0) == c["torch_seed"] for c in CASES)
 
 
+@lru_cache(maxsize=None)
+def _reference_reproduces(index: int) -> bool:
+    """Whether transformers' own generate gives the recorded tokens on this machine. The fixture model is peaky and
+    samples: float rounding that differs between CPUs (measured: 10 of 24 cases on an AMD EPYC with torch 2.13)
+    changes the samples after a few passes, so a case the reference itself does not reproduce here checks nothing."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from make_diffusion_gemma_fixture import run_case
+    case = CASES[index]
+    ref = _reference_model()
+    return run_case(ref, case["prompt"], case["seed"], case["params"])["output"] == case["output"]
+
+
+@lru_cache(maxsize=None)
+def _reference_model():
+    from transformers import DiffusionGemmaForBlockDiffusion
+    return DiffusionGemmaForBlockDiffusion.from_pretrained(str(FOLDER)).eval()
+
+
 @pytest.mark.parametrize("index", range(len(CASES)))
 def test_matches_transformers_generate(index):
     case = CASES[index]
+    if not _reference_reproduces(index):
+        pytest.skip("transformers' own generate does not reproduce this recorded case on this CPU (float rounding "
+                    "of a peaky sampling model)")
     r = generate(_model(), [case["prompt"]], _config(case, record_trajectory=True), seeds=[case["seed"]])
     _check(case, r, 0)
     assert r.trajectory.states[0, 0, :DATA["canvas_length"]].tolist() == case["initial_canvas"]
