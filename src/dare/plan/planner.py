@@ -217,6 +217,14 @@ def _tracker(built, fsdp: bool):
                 super()._pre_fw_hook(module, inputs)
 
         tracker = PlanTracker()
+        # MemTracker hooks every parameter's gradient, and a frozen one (a reference copy, LoRA's base) refuses a
+        # hook: mark those as hooked with a handle that removes nothing.
+        from types import SimpleNamespace
+        no_hook = SimpleNamespace(remove=lambda: None)
+        for module in (built.model, *extra):
+            for p in module.parameters():
+                if not p.requires_grad:
+                    tracker._param_to_grad_hook_handles[p] = (no_hook, no_hook)
         tracker.track_external(built.model, built.optimizer, *extra, *[c.optimizer for c in built.companions.items.values()])
     return tracker
 
