@@ -52,21 +52,26 @@ class PlanTokenizer:
         return ""
 
 
+def _row_parts(recipe, prompt_length: int) -> tuple[int, int]:
+    """(prompt, answer) tokens of a full ``data.max_length`` row."""
+    P = min(prompt_length, recipe.data.max_length - 1)
+    return P, recipe.data.max_length - P
+
+
 def sft_docs(recipe, adapter, vocab: int, prompt_length: int) -> list:
     """``train.batch_size`` documents of ``data.max_length`` tokens each (every packed row full)."""
     from ..trainer.data import SFTDoc
-    L = recipe.data.max_length
-    P = min(prompt_length, L - 1)
+    P, A = _row_parts(recipe, prompt_length)
     avoid = special_ids(adapter)
-    return [SFTDoc(i, _tokens(P, vocab, avoid, i), _tokens(L - P, vocab, avoid, i + 1)) for i in range(recipe.train.batch_size)]
+    return [SFTDoc(i, _tokens(P, vocab, avoid, i), _tokens(A, vocab, avoid, i + 1)) for i in range(recipe.train.batch_size)]
 
 
 def preference_pairs(recipe, adapter, vocab: int, prompt_length: int) -> list:
+    """``train.batch_size`` pairs whose chosen and rejected rows are each ``data.max_length`` tokens."""
     from ..trainer.data import PreferencePair
-    L = recipe.data.max_length
-    P = min(prompt_length, L - 1)
+    P, A = _row_parts(recipe, prompt_length)
     avoid = special_ids(adapter)
-    return [PreferencePair(i, _tokens(P, vocab, avoid, i), _tokens(L - P, vocab, avoid, i + 1), _tokens(L - P, vocab, avoid, i + 2))
+    return [PreferencePair(i, _tokens(P, vocab, avoid, i), _tokens(A, vocab, avoid, i + 1), _tokens(A, vocab, avoid, i + 2))
             for i in range(recipe.train.batch_size)]
 
 

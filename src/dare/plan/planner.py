@@ -4,12 +4,13 @@ The model is built from its config.json on the meta device, wrapped by ``dare.tr
 checkpointing, reference, companions, FSDP2 on a fake process group of the recipe's world size, optimizer) and
 materialised as fake tensors; ``Trainer.from_parts(...).train_step`` then runs one step whose stages are
 measured per phase (``Trainer.phase``): peak memory of rank 0 by category (``FSDPMemTracker`` / ``MemTracker``)
-and FLOPs (``torch.utils.flop_counter``). The optimizer state is created first (a zero-gradient step), so the step
+and FLOPs (``torch.utils.flop_counter``'s formulas, ``_FlopCount``). The optimizer state is created first (a zero-gradient step), so the step
 is a steady-state step. With ``simulate=False`` the same code runs on real tensors (the validation of a plan).
 
 To stay fast, a planned step does less work than a real one where repetitions are identical in memory, and scales
 their FLOPs back (``Plan.scaled``): at most two micro-batches per rank in scoring and update (the first without and
-the last with gradient reduction, as the trainer does), at most two inner iterations, one rollout chunk of
+the last with gradient reduction, as the trainer does), at most two inner iterations in scoring and one in the
+update, one rollout chunk of
 ``rollout.micro_batch_size`` prompts probed for its first two denoising steps.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ PHASES = ("rollout", "score", "update")
 
 @dataclass
 class PlanOptions:
-    gpus: Optional[int] = None  # world size (default: the recipe's distributed.nproc x nnodes)
+    gpus: Optional[int] = None  # world size (default: the recipe's distributed.nproc x nodes)
     gpu: str = "h100"
     gpu_memory: Optional[int] = None  # bytes per GPU (default: the GPU's nominal memory)
     nodes: int = 1
@@ -106,16 +107,14 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------------------
 # the reduced recipe that is simulated
 # ---------------------------------------------------------------------------------------------------------------
-def planned_recipe(recipe, world: int):
-    """(recipe to simulate, FLOP scale per phase, rollout completions kept per rank)."""
+def planned_recipe(recipe, world: int, uses_rollout: bool):
+    """(recipe to simulate, FLOP scale per phase, rollout prompts kept per rank)."""
     micro = recipe.train.micro_batch_size
     algo_cfg = recipe.algorithm
     n_it = getattr(algo_cfg, "inner_iterations", 1)
     it_planned = min(n_it, 2)
     if n_it != it_planned:
         algo_cfg = dataclasses.replace(algo_cfg, inner_iterations=it_planned)
-    from ..algorithms.base import build_algorithm
-    uses_rollout = build_algorithm(recipe.algorithm).uses_rollout
     if uses_rollout:
         per_rank = recipe.train.batch_size // max(world, 1)
         rows = per_rank * recipe.rollout.group_size
@@ -225,7 +224,7 @@ def _tracker(built, fsdp: bool):
             for p in module.parameters():
                 if not p.requires_grad:
                     tracker._param_to_grad_hook_handles[p] = (no_hook, no_hook)
-        tracker.track_external(built.model, built.optimizer, *extra, *[c.optimizer for c in built.companions.items.values()])
+        tracker.track_external(built.model, *extra, *_optimizers(built))
     return tracker
 
 
@@ -286,8 +285,8 @@ class _StepPlanned(Exception):
 class _PhaseMeter:
     """``Trainer.phase`` for a planned step: per phase the peak of rank 0 (since the phase began) and FLOPs."""
 
-    def __init__(self, tracker, sim):
-        self.tracker, self.sim = tracker, sim
+    def __init__(self, tracker):
+        self.tracker = tracker
         self.results: dict[str, PhasePlan] = {}
         self.probes: dict[int, float] = {}
         self.kv_bytes = 0
@@ -337,10 +336,14 @@ class _PhaseMeter:
         self.kv_bytes = max(self.kv_bytes, kv)
 
 
+def _optimizers(built) -> list:
+    """The policy's optimizer and the companion models'."""
+    return [built.optimizer, *[c.optimizer for c in built.companions.items.values()]]
+
+
 def _prime_optimizers(built) -> None:
     """A zero-gradient step creates the optimizer states, so the planned step is a steady-state step."""
-    opts = [built.optimizer, *[c.optimizer for c in built.companions.items.values()]]
-    for opt in opts:
+    for opt in _optimizers(built):
         for group in opt.param_groups:
             for p in group["params"]:
                 p.grad = torch.zeros_like(p)
@@ -349,7 +352,7 @@ def _prime_optimizers(built) -> None:
 
 
 @contextlib.contextmanager
-def _process_group(world: int, simulate: bool):
+def _process_group(world: int):
     """A fake process group of ``world`` ranks (this process is rank 0); none needed for one process."""
     import torch.distributed as dist
     if world <= 1 or dist.is_initialized():
@@ -405,7 +408,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     gpu = get_gpu(opts.gpu)
     memory = opts.gpu_memory or gpu.memory_bytes
     budget = int(memory * (1.0 - opts.margin)) - opts.reserved_bytes
-    planned, scale, kept_prompts = planned_recipe(recipe, world)
+    planned, scale, kept_prompts = planned_recipe(recipe, world, build_algorithm(recipe.algorithm).uses_rollout)
     algo = build_algorithm(planned.algorithm)
     if opts.model is not None:
         model, source_desc = opts.model, "the given model"
@@ -417,7 +420,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
                 parameters=params, trainable=0, world=world, nodes=opts.nodes, gpu=gpu.name, gpu_memory=memory,
                 budget=budget, steps=recipe.train.steps, phases=[], scaled=scale, assumptions={})
     sim = Simulation(cuda_kernels=opts.target == "cuda") if opts.simulate else None
-    with _process_group(world, opts.simulate):
+    with _process_group(world):
         import torch.distributed as dist
         if dist.is_initialized():  # a real process group (validation under torchrun) or the fake one
             rank, world = dist.get_rank(), dist.get_world_size()
@@ -430,13 +433,13 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         built = assemble(planned, env, algo, model, placement)
         plan.trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)  # DTensor: global numel
         if opts.target == "cuda":  # what torch.optim picks on CUDA tensors (CPU tensors take the per-tensor loop)
-            for opt in (built.optimizer, *[c.optimizer for c in built.companions.items.values()]):
+            for opt in _optimizers(built):
                 for group in opt.param_groups:
                     group["foreach"] = True
         tokenizer = PlanTokenizer(model.adapter, vocab)
         source = _sources(planned, algo, tokenizer, env, model.adapter, vocab, opts.prompt_length)
         tracker = _tracker(built, built.fsdp)
-        meter = _PhaseMeter(tracker, sim)
+        meter = _PhaseMeter(tracker)
         rollout = None
         if algo.uses_rollout:
             rollout = SimulatedRollout(planned, tokenizer, env, vocab, meter.probe, kept_prompts)

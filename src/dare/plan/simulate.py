@@ -1,6 +1,6 @@
 """Run dare's own training code at full size on a CPU without the memory: fake weights and activations, real data.
 
-``simulation()`` stacks two dispatch modes. ``FakeTensorMode`` gives every tensor that touches a weight (parameters,
+``Simulation`` stacks two dispatch modes. ``FakeTensorMode`` gives every tensor that touches a weight (parameters,
 activations, logits, gradients, optimizer states, KV caches) shape, dtype and storage size but no data, so an 8B
 model "runs" in seconds and bytes can be counted. ``_RealData`` above it runs, for real, every op whose inputs are
 all real tensors and every small factory: token ids, attention and block masks, position ids, noise levels and
@@ -132,50 +132,42 @@ def propagating() -> bool:
 
 
 @contextlib.contextmanager
+def _counting(owner, names, key: str):
+    """While inside, every call of ``owner.<name>`` is counted in ``_state[key]`` (the methods are restored on exit)."""
+    originals = {name: getattr(owner, name) for name in names if hasattr(owner, name)}
+
+    def counted(fn):
+        def inner(*args, **kwargs):
+            _state[key] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _state[key] -= 1
+        return inner
+    for name, fn in originals.items():
+        setattr(owner, name, counted(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(owner, name, fn)
+
+
 def _mark_propagation():
     """DTensor computes output metadata under the active fake mode when there is one (ours), so a memory tracker
     would count those metadata tensors as allocations. Mark the calls, so the planner's trackers skip them."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    original = ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def marked(self, op_schema):
-        _state["propagating"] += 1
-        try:
-            return original(self, op_schema)
-        finally:
-            _state["propagating"] -= 1
-    ShardingPropagator._propagate_tensor_meta_non_cached = marked
-    try:
-        yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original
+    return _counting(ShardingPropagator, ("_propagate_tensor_meta_non_cached",), "propagating")
 
 
 _FSDP_METHODS = ("lazy_init", "unshard", "wait_for_unshard", "reshard", "pre_forward", "post_forward", "pre_backward",
                  "post_backward", "finalize_backward", "_to_sharded", "_to_unsharded", "_to_sharded_post_forward")
 
 
-@contextlib.contextmanager
 def _mark_fsdp():
     """Mark the calls of FSDP2's parameter-group machinery (all-gather, reduce-scatter, resharding)."""
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    originals = {name: getattr(FSDPParamGroup, name) for name in _FSDP_METHODS if hasattr(FSDPParamGroup, name)}
-
-    def marked(fn):
-        def inner(*args, **kwargs):
-            _state["fsdp"] += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _state["fsdp"] -= 1
-        return inner
-    for name, fn in originals.items():
-        setattr(FSDPParamGroup, name, marked(fn))
-    try:
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(FSDPParamGroup, name, fn)
+    return _counting(FSDPParamGroup, _FSDP_METHODS, "fsdp")
 
 
 def real_data():
@@ -210,7 +202,3 @@ class Simulation:
     def __exit__(self, *exc) -> None:
         _state["active"] = None
         self._stack.__exit__(*exc)
-
-
-def simulation() -> Simulation:
-    return Simulation()

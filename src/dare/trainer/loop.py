@@ -94,10 +94,14 @@ class Trainer:
         exactly as in ``run`` (``dare plan`` simulates steps with it, ``phase`` marking each stage)."""
         self = cls.__new__(cls)
         self.recipe, self.env, self.algo, self.tokenizer, self.source, self.rollout = recipe, env, algo, tokenizer, source, rollout
-        self.model, self.reference, self.companions = built.model, built.reference, built.companions
-        self.optimizer, self.scheduler, self.fsdp, self._autocast = built.optimizer, built.scheduler, built.fsdp, built.autocast
+        self._adopt(built)
         self.start_step, self.bad_steps = 0, 0
         return self
+
+    def _adopt(self, built) -> None:
+        """Take the models, optimizers and precision context that ``assemble`` built."""
+        self.model, self.reference, self.companions = built.model, built.reference, built.companions
+        self.optimizer, self.scheduler, self.fsdp, self._autocast = built.optimizer, built.scheduler, built.fsdp, built.autocast
 
     # Stages of a step run inside ``self.phase(name)`` ("rollout", "score", "update"): a no-op in training; the
     # planner measures memory and FLOPs per stage through it.
@@ -107,9 +111,7 @@ class Trainer:
         recipe = self.recipe
         self.algo = build_algorithm(recipe.algorithm)
         model, self.tokenizer = load_policy(recipe.model)
-        built = assemble(recipe, self.env, self.algo, model)
-        self.model, self.reference, self.companions = built.model, built.reference, built.companions
-        self.optimizer, self.scheduler, self.fsdp, self._autocast = built.optimizer, built.scheduler, built.fsdp, built.autocast
+        self._adopt(assemble(recipe, self.env, self.algo, model))
         kind = self.algo.data_kind
         if kind not in DATA_SOURCES:
             raise ValueError(f"algorithm {self.algo.name!r} declares data_kind {kind!r}; known: {', '.join(DATA_SOURCES)}")
