@@ -117,6 +117,8 @@ class _RealData(TorchDispatchMode):
             return True
         if kwargs.get("generator") is not None:
             return True
+        if _state["propagating"]:  # DTensor's metadata tensors: never data (and never worth zero-filling)
+            return False
         meta = _meta_outputs(func, args, kwargs)
         if meta is None:
             return False
