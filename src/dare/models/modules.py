@@ -323,15 +323,18 @@ class Router(nn.Module):
         return weights, idx, logits
 
 
-def planned_routing(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """``idx`` itself, except in a ``dare plan`` simulation, whose router outputs have no values: there every expert
-    gets the same number of tokens (``dare.plan.simulate.balanced_routing``)."""
+def expert_assignments(idx: torch.Tensor, num_experts: int) -> list:
+    """``[(expert, token rows, top-k slots)]`` of the experts that received tokens from the router's ids ``idx``
+    [T, k]. In a ``dare plan`` simulation the router's outputs have no values: there every expert gets the same
+    number of tokens (``dare.plan.simulate.balanced_assignments``, the same for every layer, so made once)."""
     from ..plan import simulate
     sim = simulate.active()
-    if sim is None or not simulate.is_fake(idx):
-        return idx
-    sim.assume("MoE routing balanced (every expert the same number of tokens)")
-    return simulate.balanced_routing(idx.shape[0], idx.shape[1], num_experts, idx.device)
+    if sim is not None and simulate.is_fake(idx):
+        sim.assume("MoE routing balanced (every expert the same number of tokens)")
+        return simulate.balanced_assignments(sim, idx.shape[0], idx.shape[1], num_experts, idx.device)
+    hit = torch.zeros(num_experts, dtype=torch.bool, device=idx.device)
+    hit[idx.reshape(-1)] = True
+    return [(e, *torch.nonzero(idx == e, as_tuple=True)) for e in torch.nonzero(hit).flatten().tolist()]
 
 
 class SparseMoE(nn.Module):
@@ -349,14 +352,10 @@ class SparseMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         weights, idx, _ = self.gate(flat)
-        idx = planned_routing(idx, self.spec.num_experts)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(flat)
         # Loop over experts that received tokens (E is small per layer; tokens are gathered, not padded).
-        hit = torch.zeros(self.spec.num_experts, dtype=torch.bool, device=x.device)
-        hit[idx.reshape(-1)] = True
-        for e in torch.nonzero(hit).flatten().tolist():
-            tok, slot = torch.nonzero(idx == e, as_tuple=True)
+        for e, tok, slot in expert_assignments(idx, self.spec.num_experts):
             y = self.experts[e](flat[tok]) * weights[tok, slot, None]
             out.index_add_(0, tok, y)
         if self.spec.num_shared_experts:

@@ -11,7 +11,7 @@ real step sees. What cannot be known without weights is answered by a stated ass
 
 - a Python scalar read from a fake tensor (``.item()``, ``bool(...)`` of a loss or a logit): True / 1 / 1.0;
 - ``nonzero`` of a fake tensor: every element selected (the largest shape, an upper bound on memory);
-- MoE routing (``dare.models.modules.planned_routing``): every expert receives the same number of tokens
+- MoE routing (``dare.models.modules.expert_assignments``): every expert receives the same number of tokens
   (balanced routing; a real step's imbalance is not modelled);
 - with ``cuda_kernels``, attention (``dare.models.modules.planned_attention``) is CUDA's memory-efficient
   kernel, as on a GPU, instead of the CPU kernel a fake CPU tensor would take.
@@ -47,10 +47,17 @@ def active() -> Optional["Simulation"]:
     return _state["active"]
 
 
-def balanced_routing(num_tokens: int, top_k: int, num_experts: int, device) -> torch.Tensor:
-    """Expert ids [T, k] that give every expert the same number of tokens (+-1), k distinct experts per token."""
-    slots = torch.arange(num_tokens * top_k, device=device).view(num_tokens, top_k)
-    return slots % num_experts
+def balanced_assignments(sim: "Simulation", num_tokens: int, top_k: int, num_experts: int, device) -> list:
+    """``[(expert, token rows, top-k slots)]`` that give every expert the same number of tokens (+-1), k distinct
+    experts per token. Cached per shape on ``sim`` as fake tensors: every MoE layer of a pass routes alike, and a
+    real index tensor would be converted to a fake one at each of its uses (most of an expert loop's planning time)."""
+    key = (num_tokens, top_k, num_experts, str(device))
+    if key not in sim._routing:
+        with _disable_current_modes():
+            idx = (torch.arange(num_tokens * top_k, device=device) % num_experts).view(num_tokens, top_k)
+            sim._routing[key] = [(e, *(sim.fake.from_tensor(t) for t in torch.nonzero(idx == e, as_tuple=True)))
+                                 for e in range(min(num_experts, num_tokens * top_k))]
+    return sim._routing[key]
 
 
 def _meta_outputs(func, args, kwargs) -> Optional[list]:
@@ -172,6 +179,42 @@ def _mark_fsdp():
     return _counting(FSDPParamGroup, _FSDP_METHODS, "fsdp")
 
 
+# Lists longer than this are split. DTensor derives a foreach op's sharding by walking every argument once per
+# tensor of the list (quadratic in its length: an optimizer step over LLaDA2.0-mini's 20 x 256 experts' DTensors took
+# minutes); foreach ops are elementwise per list entry, so running them chunk by chunk is the same computation.
+FOREACH_CHUNK = 64
+
+
+def _chunked(fn):
+    def inner(*args, **kwargs):
+        n = len(args[0]) if args and isinstance(args[0], (list, tuple)) else 0
+        if n <= FOREACH_CHUNK:
+            return fn(*args, **kwargs)
+
+        def part(a, lo):
+            return a[lo:lo + FOREACH_CHUNK] if isinstance(a, (list, tuple)) and len(a) == n else a
+        outs = [fn(*(part(a, lo) for a in args), **{k: part(v, lo) for k, v in kwargs.items()})
+                for lo in range(0, n, FOREACH_CHUNK)]
+        if all(o is None for o in outs):
+            return None
+        return [t for o in outs for t in o]
+    return inner
+
+
+@contextlib.contextmanager
+def _chunked_foreach():
+    """While inside, ``torch._foreach_*`` run over lists in chunks of ``FOREACH_CHUNK`` (see there)."""
+    names = [n for n in dir(torch) if n.startswith("_foreach_")]
+    originals = {n: getattr(torch, n) for n in names}
+    for n, fn in originals.items():
+        setattr(torch, n, _chunked(fn))
+    try:
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(torch, n, fn)
+
+
 def real_data():
     """A context in which tensors are made for real (the planner's stand-in data), whatever modes are active."""
     return _disable_current_modes()
@@ -185,6 +228,7 @@ class Simulation:
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
         self.cuda_kernels = cuda_kernels  # plan the memory of the kernels a GPU runs (``planned_attention``)
         self.assumptions: Counter = Counter()
+        self._routing: dict = {}  # balanced_assignments' cache
         self._stack: Optional[contextlib.ExitStack] = None
 
     def assume(self, what: str) -> None:
@@ -196,6 +240,7 @@ class Simulation:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(_mark_propagation())
         self._stack.enter_context(_mark_fsdp())
+        self._stack.enter_context(_chunked_foreach())
         self._stack.enter_context(self.fake)
         self._stack.enter_context(_RealData(self))
         _state["active"] = self
