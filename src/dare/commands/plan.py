@@ -16,7 +16,9 @@ def add_arguments(p):
     p.add_argument("recipe", help="recipe YAML (see recipes/)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.micro_batch_size=2")
     p.add_argument("--gpus", type=int, default=None, help="GPUs in all (default: distributed.nproc x --nodes)")
-    p.add_argument("--nodes", type=int, default=1, help="machines the GPUs are spread over (default 1)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="machines the GPUs are spread over (default: distributed.nnodes); with distributed.sharding="
+                        "hybrid FSDP shards within a node and replicates across nodes")
     p.add_argument("--gpu", default="h100", help="a100, h100, h200 or b200: memory and dense bf16 peak (default h100)")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB or 94GB (default: the GPU's)")
     p.add_argument("--prompt-length", type=int, default=256, help="prompt tokens of every RL prompt and SFT/DPO row (default 256)")
@@ -37,7 +39,7 @@ def run(args) -> int:
 
     torch.set_num_threads(1)  # fake tensors do no arithmetic: dispatch overhead is all there is
     recipe = load_recipe(args.recipe, args.overrides)
-    if args.nodes < 1 or (args.gpus is not None and args.gpus < 1):
+    if (args.nodes is not None and args.nodes < 1) or (args.gpus is not None and args.gpus < 1):
         raise ValueError("--nodes and --gpus must be >= 1")
     opts = PlanOptions(gpus=args.gpus, gpu=args.gpu, nodes=args.nodes, prompt_length=args.prompt_length,
                        gpu_memory=parse_bytes(args.gpu_memory) if args.gpu_memory else None, margin=args.margin,

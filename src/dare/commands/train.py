@@ -32,11 +32,12 @@ def run(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(to_dict(recipe), sort_keys=False))
         return 0
-    nproc = recipe.distributed.nproc
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+    d = recipe.distributed
+    if (d.nproc > 1 or d.nnodes > 1) and "WORLD_SIZE" not in os.environ:
         from dare.trainer.distributed import torchrun_command
-        cmd = torchrun_command(nproc, ["--log-level", str(args.log_level), "train", args.recipe, *args.overrides])
-        log.info("launching %d processes: %s", nproc, " ".join(cmd))
+        cmd = torchrun_command(d.nproc, ["--log-level", str(args.log_level), "train", args.recipe, *args.overrides],
+                               d.nnodes, d.rdzv_endpoint, d.rdzv_id)
+        log.info("launching %d processes on each of %d node(s): %s", d.nproc, d.nnodes, " ".join(cmd))
         return subprocess.call(cmd)
     from dare.trainer.loop import Trainer, TrainingError
 

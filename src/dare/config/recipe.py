@@ -174,6 +174,23 @@ class DistributedSection:
     # the unsharded fp32 gradients of every parameter while it accumulates: 4 bytes x all parameters per GPU);
     # "every" reduce-scatters after each micro-batch (sharded gradients only; one reduce-scatter per micro-batch).
     grad_sync: Literal["last", "every"] = "last"
+    # More than one machine (docs/training.md, "Several machines"): run the same `dare train` command on every
+    # node; each starts torchrun with ``nproc`` processes and meets the others by c10d rendezvous at
+    # ``rdzv_endpoint`` (host:port of one node that every node reaches), under the job id ``rdzv_id``.
+    nnodes: int = 1
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "dare"
+    # "full": FSDP2 shards over every process. "hybrid" (HSDP): shards within a node and replicates across nodes
+    # (a 2-D mesh [nodes, processes per node]): all-gathers and reduce-scatters stay on a node's fast links and
+    # only an all-reduce of the gradient shards crosses nodes, at the price of per-node (not global) sharding.
+    sharding: Literal["full", "hybrid"] = "full"
+
+    def __post_init__(self):
+        if self.nproc < 1 or self.nnodes < 1:
+            raise ValueError(f"distributed.nproc and distributed.nnodes must be >= 1, got {self.nproc}, {self.nnodes}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("distributed.nnodes > 1 needs distributed.rdzv_endpoint (host:port of one node that every "
+                             "node can reach, e.g. the first node of a SLURM job)")
 
 
 @dataclass

@@ -33,7 +33,7 @@ class PlanOptions:
     gpus: Optional[int] = None  # world size (default: the recipe's distributed.nproc x nodes)
     gpu: str = "h100"
     gpu_memory: Optional[int] = None  # bytes per GPU (default: the GPU's nominal memory)
-    nodes: int = 1
+    nodes: Optional[int] = None  # machines the GPUs are spread over (default: the recipe's distributed.nnodes)
     prompt_length: int = 256  # RL prompt tokens; SFT / DPO prompt part of each row
     margin: float = 0.10  # fraction of the GPU kept free for what is not modelled (allocator fragmentation)
     reserved_bytes: int = 2 * GIB  # CUDA context, NCCL buffers, kernel workspaces
@@ -404,7 +404,10 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     from .simulate import Simulation
 
     opts = options or PlanOptions()
-    world = opts.gpus or recipe.distributed.nproc * opts.nodes
+    nodes = opts.nodes or recipe.distributed.nnodes
+    world = opts.gpus or recipe.distributed.nproc * nodes
+    if world % nodes:
+        raise ValueError(f"{world} GPUs do not split over {nodes} nodes")
     gpu = get_gpu(opts.gpu)
     memory = opts.gpu_memory or gpu.memory_bytes
     budget = int(memory * (1.0 - opts.margin)) - opts.reserved_bytes
@@ -417,7 +420,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     params = sum(p.numel() for p in model.parameters())
     vocab = model.arch.vocab_size
     plan = Plan(recipe=name, model=planned.model.path, config_source=source_desc, family=model.family,
-                parameters=params, trainable=0, world=world, nodes=opts.nodes, gpu=gpu.name, gpu_memory=memory,
+                parameters=params, trainable=0, world=world, nodes=nodes, gpu=gpu.name, gpu_memory=memory,
                 budget=budget, steps=recipe.train.steps, phases=[], scaled=scale, assumptions={})
     sim = Simulation(cuda_kernels=opts.target == "cuda") if opts.simulate else None
     with _process_group(world):
@@ -428,7 +431,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             backend = dist.get_backend()
         else:
             rank, backend = 0, None
-        env = DistEnv(rank, world, rank, torch.device("cpu"), backend)
+        env = DistEnv(rank, world, rank, torch.device("cpu"), backend, world // nodes)
         placement = _fake_placement(sim) if sim is not None else Placement.on_device(env.device)
         built = assemble(planned, env, algo, model, placement)
         plan.trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)  # DTensor: global numel

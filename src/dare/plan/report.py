@@ -58,11 +58,16 @@ def verdict(plan, recipe=None) -> str:
     return text
 
 
+def _hybrid(recipe) -> bool:
+    return recipe is not None and recipe.distributed.sharding == "hybrid"
+
+
 def table(plan, recipe=None, margin: float = 0.1, reserved: int = 2 * GIB) -> str:
     lines = [f"dare plan: {plan.recipe or plan.model}",
              f"  model {plan.model} ({plan.family}, {plan.parameters / 1e9:.2f}B parameters, "
              f"{plan.trainable / 1e9:.3f}B trainable; {plan.config_source})",
-             f"  {plan.world} x {plan.gpu} ({plan.nodes} node{'s' if plan.nodes > 1 else ''}), "
+             f"  {plan.world} x {plan.gpu} ({plan.nodes} node{'s' if plan.nodes > 1 else ''}"
+             f"{', hybrid sharding: FSDP within a node, replicas across nodes' if _hybrid(recipe) else ''}), "
              f"{gib(plan.gpu_memory)} GiB each; budget {gib(plan.budget)} GiB per GPU "
              f"(minus {margin:.0%} margin and {gib(reserved)} GiB reserved)", ""]
     cats = []

@@ -70,9 +70,9 @@ def assemble(recipe, env, algo, model: torch.nn.Module, placement: Optional[Plac
     # Models the algorithm trains alongside the policy (TraceRL's value model): copies of the unsharded policy.
     companions = Companions(algo, model, recipe, env, fsdp, recipe.train.steps * algo.inner_iterations, placement)
     if fsdp:
-        shard_model(model, env, mp)
+        shard_model(model, env, mp, recipe.distributed.sharding)
         if isinstance(reference, CopyReference):
-            shard_model(reference.model, env, mp)
+            shard_model(reference.model, env, mp, recipe.distributed.sharding)
     placement.materialize(model, fsdp)
     if isinstance(reference, CopyReference):
         placement.materialize(reference.model, fsdp)

@@ -30,7 +30,7 @@ class Companions:
         for spec in algo.companions():
             module = placement.place(spec.build(policy))
             if fsdp:
-                shard_model(module, env, recipe.train.mixed_precision)
+                shard_model(module, env, recipe.train.mixed_precision, recipe.distributed.sharding)
             placement.materialize(module, fsdp)
             module.train()
             self._pending.append((spec, module))

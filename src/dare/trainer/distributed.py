@@ -27,6 +27,14 @@ class DistEnv:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: Optional[str] = None
+    local_world_size: Optional[int] = None  # processes per node (torchrun's LOCAL_WORLD_SIZE); None: all of them
+
+    @property
+    def nodes(self) -> int:
+        per_node = self.local_world_size or self.world_size
+        if self.world_size % per_node:
+            raise ValueError(f"{self.world_size} processes do not split into nodes of {per_node}")
+        return self.world_size // per_node
 
     @property
     def is_main(self) -> bool:
@@ -42,6 +50,7 @@ class DistEnv:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         cuda = torch.cuda.is_available()
         device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
         chosen = None
@@ -53,7 +62,7 @@ class DistEnv:
                 torch.cuda.set_device(device)
             if not dist.is_initialized():
                 dist.init_process_group(chosen)
-        return cls(rank, world, local, device, chosen)
+        return cls(rank, world, local, device, chosen, per_node)
 
     # --- collectives (no-ops in a single process) ------------------------------------------------------
     def all_reduce_sums(self, values: dict[str, float]) -> dict[str, float]:
@@ -92,17 +101,28 @@ class DistEnv:
             dist.destroy_process_group()
 
 
-def shard_model(model: torch.nn.Module, env: DistEnv, mixed_precision: str = "none") -> torch.nn.Module:
+def device_mesh(env: DistEnv, sharding: str = "full"):
+    """FSDP2's mesh: 1-D over every process ("full"), or [nodes, processes per node] ("hybrid": replicate across
+    nodes, shard within one)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    if sharding == "full":
+        return init_device_mesh(env.device.type, (env.world_size,))
+    if sharding != "hybrid":
+        raise ValueError(f"distributed.sharding must be full or hybrid, got {sharding!r}")
+    nodes = env.nodes
+    return init_device_mesh(env.device.type, (nodes, env.world_size // nodes), mesh_dim_names=("replicate", "shard"))
+
+
+def shard_model(model: torch.nn.Module, env: DistEnv, mixed_precision: str = "none",
+                sharding: str = "full") -> torch.nn.Module:
     """FSDP2: ``fully_shard`` every decoder layer (or the model's ``fsdp_units()``), then the root (embeddings, final
-    norm, LM head).
+    norm, LM head), on ``device_mesh(env, sharding)`` (a 2-D mesh makes it HSDP).
 
     ``mixed_precision="bf16"``: parameters are all-gathered in bfloat16 for compute and gradients reduced in fp32,
     while the sharded parameters and the optimizer state stay fp32."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
-    kw = {"mesh": mesh}
+    kw = {"mesh": device_mesh(env, sharding)}
     if mixed_precision == "bf16":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # A model may group modules that share weights into one unit (DiffusionGemma: encoder and decoder layer i).
@@ -154,7 +174,12 @@ def set_grad_sync(model: torch.nn.Module, enabled: bool) -> None:
         fn(enabled)
 
 
-def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
-    """The command that reruns ``dare <argv>`` under torchrun on this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "dare.cli", *argv]
+def torchrun_command(nproc: int, argv: list[str], nnodes: int = 1, rdzv_endpoint: str = "",
+                     rdzv_id: str = "dare") -> list[str]:
+    """The command that reruns ``dare <argv>`` under torchrun: on this machine alone, or as one of ``nnodes`` nodes
+    that meet by c10d rendezvous at ``rdzv_endpoint`` (every node runs the same command)."""
+    if nnodes == 1:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}", "-m", "dare.cli", *argv]

@@ -78,6 +78,9 @@ class Trainer:
     def __init__(self, recipe, env: Optional[DistEnv] = None):
         self.recipe = recipe
         self.env = env or DistEnv.from_env(recipe.distributed.backend)
+        if self.env.distributed and self.env.is_main:
+            log.info("%d processes on %d node(s), %s sharding", self.env.world_size, self.env.nodes,
+                     recipe.distributed.sharding)
         self.run_dir = Path(recipe.train.output_dir)
         self.ckpt = CheckpointManager(self.run_dir, self.env, recipe.train.keep_checkpoints)
         self.lock = RunLock(self.run_dir, "dare train")
