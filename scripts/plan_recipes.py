@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT_MD = ROOT / "docs" / "plan_recipes.md"
 OUT_JSON = ROOT / "docs" / "plan_recipes.json"
+PAPER_MD = ROOT / "docs" / "paper_recipes.md"
+SECTION = "## Expected resources (full size)"
 # Sections that do not change a planned step's memory or FLOPs per step.
 IGNORED = ("data", "eval", "logging", "reward")
 IGNORED_TRAIN = ("steps", "output_dir", "save_every", "eval_every", "log_every", "keep_checkpoints", "resume", "export")
@@ -50,6 +52,12 @@ def shape_key(recipe) -> str:
         d.pop(k, None)
     for k in IGNORED_TRAIN:
         d["train"].pop(k, None)
+    for k in ("rdzv_endpoint", "rdzv_id"):  # where the nodes meet, not what they run
+        d["distributed"].pop(k, None)
+    # The node layout, left out at its defaults: the cached plans were keyed before these settings existed.
+    for k, default in (("nnodes", 1), ("sharding", "full")):
+        if d["distributed"].get(k) == default:
+            d["distributed"].pop(k)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -90,6 +98,45 @@ def render(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def paper_section(recipes: list[str], keys: dict, plans: dict) -> str:
+    """docs/paper_recipes.md's resources section: the planned numbers of the grid, per model folder."""
+    lines = [SECTION, "",
+             "Planned by `dare plan` (regenerate: `python scripts/plan_recipes.py`; every recipe's row: "
+             "[plan_recipes.md](plan_recipes.md); how: [plan.md](plan.md)), for 8 x H100 80GB with a budget of 70 GiB "
+             "per GPU. Full fine-tuning keeps fp32 weights, gradients and AdamW states sharded by FSDP2 and computes in "
+             "bf16 with gradient checkpointing; KL is off, so no reference copy is held. Each recipe's header carries "
+             "its own planned peak.", "",
+             "| model folder | recipes planned | peak GiB per GPU (lowest - highest) | highest: recipe (phase) | "
+             "all planned fit | hours per run (lowest - highest) |", "|---|---:|---:|---|---|---:|"]
+    folders: dict[str, list[str]] = {}
+    for rel in recipes:
+        if rel.startswith("recipes/paper/"):
+            folders.setdefault(rel.split("/")[2], []).append(rel)
+    for folder, rels in folders.items():
+        got = [(rel, plans[keys[rel]]) for rel in rels if keys[rel] in plans and not plans[keys[rel]]["error"]]
+        if not got:
+            lines.append(f"| `{folder}` | 0 / {len(rels)} | - | - | - | - |")
+            continue
+        peaks = [p["peak_bytes"] for _, p in got]
+        top_rel, top = max(got, key=lambda rp: rp[1]["peak_bytes"])
+        hours = [p["hours"] for _, p in got]
+        lines.append(f"| `{folder}` | {len(got)} / {len(rels)} | {gib(min(peaks))} - {gib(max(peaks))} | "
+                     f"`{Path(top_rel).name}` ({top['peak_phase']}) | {'yes' if all(p['fits'] for _, p in got) else '**no**'} | "
+                     f"{min(hours):.0f} - {max(hours):.0f} |")
+    missing = [rel for rels in folders.values() for rel in rels if keys[rel] not in plans]
+    if missing:
+        lines += ["", f"Not planned yet ({len(missing)}): run `python scripts/plan_recipes.py` (LLaDA2.0-mini's 20 MoE "
+                      "layers of 256 experts take about 8 minutes per recipe on one core)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_paper_section(text: str) -> None:
+    doc = PAPER_MD.read_text()
+    start = doc.index(SECTION)
+    end = doc.index("\n## ", start + len(SECTION))
+    PAPER_MD.write_text(doc[:start] + text + doc[end:])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=1)
@@ -97,6 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "scripts"))
     from dare.config.recipe import load_recipe
     cache = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"plans": {}, "recipes": {}}
     recipes = full_size_recipes()
@@ -123,6 +171,9 @@ def main(argv=None) -> int:
             "40 % of the dense bf16 peak for scoring and updates and 10 % for decoding (docs/plan.md says what is and "
             "is not modelled). Peak is rank 0's, per phase, of one steady-state step.\n\n")
     OUT_MD.write_text(head + render(rows) + "\n")
+    write_paper_section(paper_section(recipes, keys, cache["plans"]))
+    import make_paper_recipes  # the recipes' headers carry their planned peak
+    make_paper_recipes.main([])
     bad = [rel for rel, p in rows if not p["fits"]]
     print(f"wrote {OUT_MD.relative_to(ROOT)}: {len(rows)} recipes, {len(bad)} not fitting or not planned")
     return 0

@@ -113,3 +113,24 @@ def test_plan_equals_two_gloo_processes(recipe, overrides):
     planned = _planned(load_recipe(ROOT / recipe, overrides), 2)
     for name, peak in _peaks(real).items():
         assert abs(_peaks(planned)[name] - peak) <= 0.03 * peak, (name, _peaks(planned), _peaks(real))
+
+
+# One recipe per model family and kind of step (SFT, RL with a masked and a block model, LoRA): planned again and
+# compared with what docs/plan_recipes.json (and so docs/paper_recipes.md and the recipes' headers) says.
+CACHED = ["recipes/sft_llada_8b.yaml", "recipes/lora_sft_llada_8b.yaml", "recipes/paper/llada_8b_instruct/d1_math.yaml",
+          "recipes/paper/dream_7b_instruct/d1_code.yaml", "recipes/paper/sdar_8b_chat/d1_math.yaml"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel", CACHED)
+def test_full_size_recipe_fits_and_its_published_plan_is_current(rel):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import plan_recipes
+    cache = json.loads(plan_recipes.OUT_JSON.read_text())
+    key = plan_recipes.shape_key(load_recipe(ROOT / rel))
+    assert key in cache["plans"], f"{rel} is not in docs/plan_recipes.json: run python scripts/plan_recipes.py"
+    plan = plan_recipe(load_recipe(ROOT / rel), PlanOptions(), rel)
+    assert plan.error is None and plan.fits, (rel, plan.peak_bytes / GIB, plan.error)
+    published = cache["plans"][key]
+    assert _peaks(published) == _peaks(plan), "the code's plan changed: rerun python scripts/plan_recipes.py"
+    assert abs(published["flops_per_step"] - plan.flops_per_step) <= 1e-9 * plan.flops_per_step

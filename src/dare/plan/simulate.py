@@ -141,10 +141,20 @@ def propagating() -> bool:
 
 
 @contextlib.contextmanager
-def _counting(owner, names, key: str):
-    """While inside, every call of ``owner.<name>`` is counted in ``_state[key]`` (the methods are restored on exit)."""
+def _wrapped(owner, names, wrap):
+    """While inside, ``owner.<name>`` is ``wrap(original)`` for each of ``names`` (restored on exit)."""
     originals = {name: getattr(owner, name) for name in names if hasattr(owner, name)}
+    for name, fn in originals.items():
+        setattr(owner, name, wrap(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(owner, name, fn)
 
+
+def _counting(owner, names, key: str):
+    """While inside, every call of ``owner.<name>`` is counted in ``_state[key]``."""
     def counted(fn):
         def inner(*args, **kwargs):
             _state[key] += 1
@@ -153,13 +163,7 @@ def _counting(owner, names, key: str):
             finally:
                 _state[key] -= 1
         return inner
-    for name, fn in originals.items():
-        setattr(owner, name, counted(fn))
-    try:
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(owner, name, fn)
+    return _wrapped(owner, names, counted)
 
 
 def _mark_propagation():
@@ -201,18 +205,9 @@ def _chunked(fn):
     return inner
 
 
-@contextlib.contextmanager
 def _chunked_foreach():
     """While inside, ``torch._foreach_*`` run over lists in chunks of ``FOREACH_CHUNK`` (see there)."""
-    names = [n for n in dir(torch) if n.startswith("_foreach_")]
-    originals = {n: getattr(torch, n) for n in names}
-    for n, fn in originals.items():
-        setattr(torch, n, _chunked(fn))
-    try:
-        yield
-    finally:
-        for n, fn in originals.items():
-            setattr(torch, n, fn)
+    return _wrapped(torch, [n for n in dir(torch) if n.startswith("_foreach_")], _chunked)
 
 
 def real_data():
