@@ -94,6 +94,10 @@ class Model:
     params_b: float
     block_size: int | None  # block models: the checkpoint's training block, which the sampler must decode with
     note: str
+    # FSDP gradient reduction (distributed.grad_sync): "every" where accumulating the unsharded fp32 gradients of
+    # every parameter over the micro-batches does not fit (dare plan: LLaDA2.0-mini's 16B need 59.9 GiB per GPU
+    # for them, 91.1 GiB in all for d1_math; docs/plan_recipes.md)
+    grad_sync: str = "last"
 
 
 MODELS = [
@@ -102,7 +106,7 @@ MODELS = [
           "Dream-v0-Instruct-7B (7.6B, Qwen2.5-7B init)"),
     Model("sdar_8b_chat", "JetLM/SDAR-8B-Chat", "sdar", 8.2, 4, "SDAR-8B-Chat (8.2B, Qwen3-8B init, block 4)"),
     Model("llada2_mini", "inclusionAI/LLaDA2.0-mini", "llada2_moe", 16.0, 32,
-          "LLaDA2.0-mini (16B total / 1.4B active MoE, block 32)"),
+          "LLaDA2.0-mini (16B total / 1.4B active MoE, block 32)", grad_sync="every"),
 ]
 
 
@@ -217,7 +221,7 @@ def build(m: Model, name: str, task_name: str):
         "train": {"mixed_precision": "bf16", "steps": steps, "batch_size": BATCH_PROMPTS, "micro_batch_size": task.micro_batch,
                   "save_every": 100, "eval_every": 100, "output_dir": f"runs/paper/{m.folder}/{name}_{task_name}"},
         "eval": {"benchmarks": list(task.eval_benchmarks), "limit": 64, "template": "reasoning", "sampler": eval_sampler},
-        "distributed": {"nproc": GPUS},
+        "distributed": {"nproc": GPUS, **({"grad_sync": m.grad_sync} if m.grad_sync != "last" else {})},
     }
     mc = [k for k in MC_FIELDS if k in fields]
     header = [
@@ -242,6 +246,8 @@ def build(m: Model, name: str, task_name: str):
         "reasoning prompt template, eval every 100 steps on 64 examples per benchmark with greedy decoding (final "
         "scores: dare eval on the full test sets) -- our choices, the issue does not fix them.",
         *notes,
+        *([f"#   distributed.grad_sync {m.grad_sync}: reduce-scatter after every micro-batch; accumulating the unsharded "
+           f"fp32 gradients of all {m.params_b:.0f}B parameters does not fit 80 GB (dare plan)."] if m.grad_sync != "last" else []),
     ]
     return recipe, header
 

@@ -83,6 +83,15 @@ def test_verdict_names_the_phase_and_the_knobs():
     assert "update" in table(plan, r)
 
 
+def test_rl_plan_of_a_canvas_sampler_plans_scoring_and_update():
+    """DiffusionGemma's canvas sampler cannot pause: the decode is said to be missing, the rest is planned."""
+    r = load_recipe(ROOT / "recipes/diffusion_gemma/rl_tiny.yaml", ["model.dtype=bfloat16"])
+    plan = plan_recipe(r, PlanOptions(gpus=2))
+    assert plan.error is None, plan.error
+    assert [p.name for p in plan.phases][-1] == "update" and plan.phases[-1].flops > 0
+    assert any(k.startswith("rollout: the canvas sampler cannot pause") for k in plan.assumptions)
+
+
 def test_cli_json_and_exit_codes(tmp_path):
     cmd = [sys.executable, "-m", "dare.cli", "plan", "recipes/sft_tiny.yaml", "--gpus", "1", "--json"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
