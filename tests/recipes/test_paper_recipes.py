@@ -5,6 +5,7 @@ a TrainRecipe with the unified settings, the mixed math file and the documented 
 *starts* on CPU (one optimisation step) with a tiny model of its family substituted.
 """
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -95,7 +96,15 @@ def test_recipe_validates_with_the_unified_settings(path):
     assert [b.name for b in resolve_benchmarks(recipe.eval.benchmarks)] == list(task.eval_benchmarks)
     assert recipe.eval.sampler.temperature == 0.0 and recipe.eval.sampler.gen_length == task.gen_length
     head = path.read_text(encoding="utf-8").split("\nmodel:")[0]
-    assert "8 GPUs x 80 GB" in head and "GB per GPU" in head and "Settings and their sources" in head
+    assert "8 GPUs x 80 GB" in head and "Settings and their sources" in head
+    # the planned peak (docs/plan_recipes.json) where the recipe is planned, else how to plan it
+    flat = head.replace("\n#     ", " ")
+    cache = json.loads((ROOT / "docs/plan_recipes.json").read_text())
+    plan = cache["plans"].get(cache["recipes"].get(str(path.relative_to(ROOT)), ""))
+    if plan is not None and not plan["error"]:
+        assert f"peak {plan['peak_bytes'] / 2**30:.1f} GiB per GPU in {plan['peak_phase']}" in flat
+    else:
+        assert "not planned yet: `dare plan" in flat
 
 
 def test_math_data_is_the_gsm8k_plus_math_train_mixture():
