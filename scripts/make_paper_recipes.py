@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -38,15 +39,20 @@ GPUS, GPU_MEM_GB = 8, 80
 PLANS = ROOT / "docs" / "plan_recipes.json"  # written by scripts/plan_recipes.py (dare plan of every recipe)
 
 
+@functools.lru_cache(maxsize=1)
+def _plans() -> dict:
+    return json.loads(PLANS.read_text()) if PLANS.exists() else {}
+
+
 def planned(rel: str) -> str:
     """The header line of a recipe's planned resources (docs/plan_recipes.json), or how to get them."""
-    cache = json.loads(PLANS.read_text()) if PLANS.exists() else {}
+    from dare.plan.report import gib
+    cache = _plans()
     plan = cache.get("plans", {}).get(cache.get("recipes", {}).get(rel, ""))
     if plan is None or plan.get("error"):
         return (f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB); not planned yet: `dare plan {rel}` prints "
                 "its per-GPU peak memory and hours (docs/plan.md), `python scripts/plan_recipes.py` adds it to "
                 "docs/plan_recipes.md.")
-    gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
     return (f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB). Planned by `dare plan` (docs/plan_recipes.md): "
             f"peak {gib(plan['peak_bytes'])} GiB per GPU in {plan['peak_phase']} "
             f"({'fits' if plan['fits'] else 'does NOT fit'} the {gib(plan['budget'])} GiB budget), "

@@ -5,6 +5,7 @@ a TrainRecipe with the unified settings, the mixed math file and the documented 
 *starts* on CPU (one optimisation step) with a tiny model of its family substituted.
 """
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -70,6 +71,11 @@ def test_model_facts_match_the_families():
         assert model.adapter.block_size == m.block_size  # the tiny config keeps the published block size
 
 
+@functools.lru_cache(maxsize=1)
+def _published_plans() -> dict:
+    return json.loads((ROOT / "docs/plan_recipes.json").read_text())
+
+
 @pytest.mark.parametrize("path", RECIPES, ids=_id)
 def test_recipe_validates_with_the_unified_settings(path):
     recipe = load_recipe(path)
@@ -99,7 +105,7 @@ def test_recipe_validates_with_the_unified_settings(path):
     assert "8 GPUs x 80 GB" in head and "Settings and their sources" in head
     # the planned peak (docs/plan_recipes.json) where the recipe is planned, else how to plan it
     flat = head.replace("\n#     ", " ")
-    cache = json.loads((ROOT / "docs/plan_recipes.json").read_text())
+    cache = _published_plans()
     plan = cache["plans"].get(cache["recipes"].get(str(path.relative_to(ROOT)), ""))
     if plan is not None and not plan["error"]:
         assert f"peak {plan['peak_bytes'] / 2**30:.1f} GiB per GPU in {plan['peak_phase']}" in flat

@@ -1,6 +1,8 @@
 """Slow: a run over two "machines" — two torchrun agents on 127.0.0.1 that meet by c10d rendezvous, as two nodes of
 a cluster would (docs/training.md, "Several machines") — trains exactly as one process does, with FSDP2 over all
 processes and with hybrid sharding (shard within a node, replicate across nodes)."""
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,9 +32,9 @@ def _two_nodes(out, recipe, *overrides, nproc=1, sharding="full", timeout=600):
         for p in procs:
             errs.append(p.communicate(timeout=timeout)[1])
     finally:
-        for p in procs:
+        for p in procs:  # each agent leads a session of its own: take its torchrun workers with it
             if p.poll() is None:
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
     for p, err in zip(procs, errs):
         assert p.returncode == 0, err[-3000:]
     # rank 0 (on one of the two agents) says what it joined

@@ -114,6 +114,16 @@ class SimulatedRollout(RolloutStage):
     def decode(self, prompts, seeds, model, sampler):
         from ..rollout import generate
         from ..trainer.distributed import gathered_for_inference
+        if model.adapter.is_encoder_decoder:
+            # The canvas sampler's passes stop adaptively and cannot pause (``steps_per_block``): plan the rest of
+            # the step, and say that the decode itself is missing from the rollout's peak and FLOPs.
+            from .simulate import active
+            sim = active()
+            if sim is not None:
+                sim.assume("rollout: the canvas sampler cannot pause, so its decoding forwards are not planned "
+                           "(the rollout phase is the gathered weights only: a lower bound)")
+            with gathered_for_inference(model), real_data():
+                return self._completed(prompts, model, sampler)
         chunk = self.recipe.rollout.micro_batch_size or len(seeds)
         probe = self._probe_config(sampler)
         steps = (1, 2)
@@ -122,15 +132,6 @@ class SimulatedRollout(RolloutStage):
             # with fewer than 3 scheduled steps per block, schedule 3 (or 2) of the same shapes for the probe.
             probe, steps = _with_steps_per_block(probe, model.adapter)
         head = prompts["prompt_tokens"][:chunk]
-        if model.adapter.is_encoder_decoder:
-            # The canvas sampler's passes stop adaptively and cannot pause (``steps_per_block``): plan the rest of
-            # the step, and say that the decode itself is missing from the rollout's peak and FLOPs.
-            from .simulate import active
-            if active() is not None:
-                active().assume("rollout: the canvas sampler cannot pause, so its decoding forwards are not planned "
-                                "(the rollout phase is the gathered weights only: a lower bound)")
-            with gathered_for_inference(model), real_data():
-                return self._completed(prompts, model, sampler)
         with gathered_for_inference(model):
             for n_steps in steps:
                 with self.on_probe(n_steps):
