@@ -128,7 +128,7 @@ def paper_section(recipes: list[str], keys: dict, plans: dict) -> str:
     missing = [rel for rels in folders.values() for rel in rels if keys[rel] not in plans]
     if missing:
         lines += ["", f"Not planned yet ({len(missing)}): run `python scripts/plan_recipes.py` (LLaDA2.0-mini's 20 MoE "
-                      "layers of 256 experts took 45 minutes of one core for coupled_grpo_math)."]
+                      "layers of 256 experts took about 37 CPU minutes for coupled_grpo_math)."]
     return "\n".join(lines) + "\n"
 
 
