@@ -184,10 +184,20 @@ class DistributedSection:
     # (a 2-D mesh [nodes, processes per node]): all-gathers and reduce-scatters stay on a node's fast links and
     # only an all-reduce of the gradient shards crosses nodes, at the price of per-node (not global) sharding.
     sharding: Literal["full", "hybrid"] = "full"
+    # Ulysses sequence parallelism (dare.models.sequence_parallel): groups of this many processes on one node share
+    # each micro-batch and split its positions, so activations per GPU shrink by this factor (long responses).
+    # Data parallelism is then over nproc x nnodes / sequence_parallel groups.
+    sequence_parallel: int = 1
 
     def __post_init__(self):
         if self.nproc < 1 or self.nnodes < 1:
             raise ValueError(f"distributed.nproc and distributed.nnodes must be >= 1, got {self.nproc}, {self.nnodes}")
+        if self.sequence_parallel > 1:  # the code path exists; its SP = 2 vs SP = 1 equality test does not pass yet
+            raise ValueError("distributed.sequence_parallel > 1 is not available yet: Ulysses sequence parallelism is "
+                             "being validated (issue 24, section 4); use 1")
+        if self.sequence_parallel < 1 or self.nproc % self.sequence_parallel:
+            raise ValueError(f"distributed.sequence_parallel={self.sequence_parallel} must be >= 1 and divide "
+                             f"distributed.nproc={self.nproc} (a group lives on one node)")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ValueError("distributed.nnodes > 1 needs distributed.rdzv_endpoint (host:port of one node that every "
                              "node can reach, e.g. the first node of a SLURM job)")

@@ -29,6 +29,7 @@ from .arch import ModelArch
 from .cache import KVCache
 from .fused import FusedProjections
 from .lean import lean_layer, run_compiled, snapshot_layer, stack_signature
+from .sequence_parallel import SequenceGroup, check_heads
 from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
@@ -71,6 +72,8 @@ def _flash_attn_available() -> bool:
 
 
 class DiffusionLM(nn.Module):
+    supports_sequence_parallel = True  # ``sequence_parallel=`` in ``forward`` (``sequence_parallel.py``)
+
     def __init__(self, arch: ModelArch, adapter: FamilyAdapter, hf_config: dict, family: str, attn_backend: str = "auto"):
         super().__init__()
         self.arch, self.adapter, self.hf_config, self.family = arch, adapter, dict(hf_config), family
@@ -180,6 +183,17 @@ class DiffusionLM(nn.Module):
             return AttnInputs(mask=None if bool(mask.all()) else mask, cache=cache)
         return AttnInputs(cache=cache)
 
+    def _check_sequence_parallel(self, sp: SequenceGroup, ids: torch.Tensor, cache, *row_args) -> slice:
+        """The positions this rank owns in a sequence-parallel forward (errors for what it cannot do)."""
+        if cache is not None or any(a is not None for a in row_args):
+            raise ValueError("a sequence-parallel forward takes no KV cache and no logits_rows / logits_at / "
+                             "logits_keep (it returns this rank's hidden states; see score_targets)")
+        if ids.shape[1] % sp.size:
+            raise ValueError(f"a sequence-parallel forward needs a length divisible by distributed.sequence_parallel="
+                             f"{sp.size}, got {ids.shape[1]} (score_targets pads it)")
+        check_heads(self.arch.num_heads, self.arch.num_kv_heads, sp.size)
+        return sp.local(ids.shape[1])
+
     def _compiled_step(self, lean, cache: Optional[KVCache], prune: bool, logits_at, B: int, L: int):
         """(stack signature, KV slots, last-layer query rows) when this forward runs the compiled stack
         (``decoding(compile=True)``, every layer lean, a cached step that does not store and attends to whole buffers,
@@ -214,13 +228,21 @@ class DiffusionLM(nn.Module):
         return_hidden: bool = False,
         compute_logits: bool = True,
         inputs_embeds: Optional[torch.Tensor] = None,
+        sequence_parallel: Optional[SequenceGroup] = None,
         **unused,
     ) -> ModelOutput:
         unknown = set(unused) - {"use_cache", "return_dict", "output_attentions", "output_hidden_states"}
         if unknown:  # HF-style flags are accepted and ignored; anything else is a caller bug
             raise TypeError(f"DiffusionLM.forward() got unexpected keyword argument(s) {sorted(unknown)}")
-        x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        B, L = x.shape[:2]
+        sp = sequence_parallel
+        if sp is not None:
+            own = self._check_sequence_parallel(sp, input_ids if inputs_embeds is None else inputs_embeds,
+                                                past_key_values, logits_rows, logits_at, logits_keep)
+            x = self.model.embed_tokens(input_ids[:, own]) if inputs_embeds is None else inputs_embeds[:, own]
+            B, L = x.shape[0], x.shape[1] * sp.size  # masks and positions span the whole sequence
+        else:
+            x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            B, L = x.shape[:2]
         cache = past_key_values
         if position_ids is None:
             if layout is not None:
@@ -246,11 +268,14 @@ class DiffusionLM(nn.Module):
             cache.begin(L, kv_start, store_kv)
         try:
             attn = self._attn_inputs(B, L, position_ids, attention_mask, cache, layout, x)
+            if sp is not None:
+                attn.sequence = sp
+                position_ids = position_ids[:, own]
             cos, sin = self.rotary(position_ids, x.dtype)
             # Rows nobody reads leave at the last layer (the fused attention kernels take whole rows only). Not
             # with a sparse-MoE last layer: its expert GEMMs group the tokens, and fewer of them change the bits.
             prune = (attn.block_mask is None and attn.cu_seqlens is None and bool(self.model.layers)
-                     and not isinstance(self.model.layers[-1].mlp, SparseMoE))
+                     and not isinstance(self.model.layers[-1].mlp, SparseMoE) and sp is None)
             last = len(self.model.layers) - 1
             lean = None if torch.is_grad_enabled() else self.__dict__.get("_lean")
             step = self._compiled_step(lean, cache, prune, logits_at, B, L)

@@ -124,6 +124,7 @@ class AttnInputs:
     cu_seqlens: Optional[torch.Tensor] = None  # flash-attn varlen (packed, bidirectional)
     max_seqlen: int = 0
     cache: Optional[KVCache] = None
+    sequence: Any = None  # SequenceGroup: rows are this rank's share; attention swaps to whole sequence, some heads
 
 
 _flex_compiled = None
@@ -218,26 +219,44 @@ def attend(q, k, v, qk, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySe
         qcos, qsin = take_rows(cos, query_rows).transpose(1, 2), take_rows(sin, query_rows).transpose(1, 2)
         q = apply_rope(q, qcos, qsin, rope_full_precision)
         k = apply_rope(k, cos.transpose(1, 2), sin.transpose(1, 2), rope_full_precision)
-    Lq = q.shape[2]
+    sp = attn.sequence
+    B_out, H_out = B, H
+    if sp is not None:  # Ulysses: [all heads, my rows] -> [my heads, all rows] (see sequence_parallel.py)
+        if Hk % sp.size:  # key/value heads N does not divide: repeat them up to the query heads
+            k, v = (t.repeat_interleave(H // Hk, dim=1) for t in (k, v))
+            Hk = H
+        q, k, v = (sp.heads_from_sequence(t) for t in (q, k, v))
+        H, Hk = H // sp.size, Hk // sp.size
     if attn.cache is not None:
         k, v = attn.cache.write(layer_idx, k, v)
     scale = D ** -0.5
-    gqa = H != Hk
+    if attn.cu_seqlens is not None and sp is None:  # flash-attn's [tokens, H, D] output is already row-major
+        return _attention_heads(q, k, v, attn, query_rows, scale, H != Hk, H, D, rows_first=True).reshape(B, L, H * D)
+    out = _attention_heads(q, k, v, attn, query_rows, scale, H != Hk, H, D)
+    if sp is not None:
+        out = sp.sequence_from_heads(out)
+    return out.transpose(1, 2).reshape(B_out, out.shape[2], H_out * D)
+
+
+def _attention_heads(q, k, v, attn: AttnInputs, query_rows, scale: float, gqa: bool, H: int, D: int,
+                     rows_first: bool = False) -> torch.Tensor:
+    """Attention output [B, H, Lq, D] of q [B, H, Lq, D] over k and v [B, Hk, L, D] on the backend ``attn`` picks
+    (``rows_first``: flash-attn's output as it comes, [B * L, H, D])."""
+    B, L = k.shape[0], k.shape[2]
     if attn.cu_seqlens is not None:
         from flash_attn import flash_attn_varlen_func  # optional GPU kernel
         qf, kf, vf = (t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], D) for t in (q, k, v))
         out = flash_attn_varlen_func(qf, kf, vf, attn.cu_seqlens, attn.cu_seqlens, attn.max_seqlen, attn.max_seqlen,
                                      softmax_scale=scale, causal=False)
-        return out.view(B, L, H * D)
+        return out if rows_first else out.view(B, L, H, D).transpose(1, 2)
     if attn.block_mask is not None:
-        return _flex_attention(q, k, v, attn.block_mask, scale, gqa).transpose(1, 2).reshape(B, L, H * D)
+        return _flex_attention(q, k, v, attn.block_mask, scale, gqa)
     mask = take_rows(attn.mask, query_rows, dim=2) if attn.mask is not None and attn.mask.dim() == 4 else attn.mask
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
     out = planned_attention(q, k, v, mask, scale, gqa)
-    if out is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return out.transpose(1, 2).reshape(B, Lq, H * D)
+    return out if out is not None else F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                                      enable_gqa=gqa)
 
 
 def planned_attention(q, k, v, mask, scale: float, gqa: bool):

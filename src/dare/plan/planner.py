@@ -384,12 +384,12 @@ def _sources(recipe, algo, tokenizer, env, adapter, vocab: int, prompt_length: i
     kind, seed, bs = algo.data_kind, recipe.train.seed, recipe.train.batch_size
     if kind == "sft":
         return SFTSource(data.sft_docs(recipe, adapter, vocab, prompt_length), recipe.data, bs, seed,
-                         tokenizer.eos_token_id, env.rank, env.world_size)
+                         tokenizer.eos_token_id, env.dp_rank, env.dp_size)
     if kind == "preference":
         return PreferenceSource(data.preference_pairs(recipe, adapter, vocab, prompt_length), bs, seed,
-                                tokenizer.eos_token_id, env.rank, env.world_size)
+                                tokenizer.eos_token_id, env.dp_rank, env.dp_size)
     if kind == "prompts":
-        return PromptSource(data.prompts(recipe, adapter, vocab, prompt_length), bs, seed, env.rank, env.world_size)
+        return PromptSource(data.prompts(recipe, adapter, vocab, prompt_length), bs, seed, env.dp_rank, env.dp_size)
     raise ValueError(f"dare plan: no planned data for data_kind {kind!r}")
 
 
@@ -411,7 +411,8 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     gpu = get_gpu(opts.gpu)
     memory = opts.gpu_memory or gpu.memory_bytes
     budget = int(memory * (1.0 - opts.margin)) - opts.reserved_bytes
-    planned, scale, kept_prompts = planned_recipe(recipe, world, build_algorithm(recipe.algorithm).uses_rollout)
+    dp = world // recipe.distributed.sequence_parallel  # a sequence-parallel group shares its data
+    planned, scale, kept_prompts = planned_recipe(recipe, dp, build_algorithm(recipe.algorithm).uses_rollout)
     algo = build_algorithm(planned.algorithm)
     if opts.model is not None:
         model, source_desc = opts.model, "the given model"
@@ -431,7 +432,8 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             backend = dist.get_backend()
         else:
             rank, backend = 0, None
-        env = DistEnv(rank, world, rank, torch.device("cpu"), backend, world // nodes)
+        env = DistEnv(rank, world, rank, torch.device("cpu"), backend, world // nodes).use_sequence_parallel(
+            planned.distributed.sequence_parallel)
         placement = _fake_placement(sim) if sim is not None else Placement.on_device(env.device)
         built = assemble(planned, env, algo, model, placement)
         plan.trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)  # DTensor: global numel
@@ -472,8 +474,8 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         if name_ == "rollout" and meter.probes:
             f1 = meter.probes.get(1, 0.0)
             f2 = max(meter.probes[2] - f1, 0.0) if 2 in meter.probes else f1
-            chunk = planned.rollout.micro_batch_size or (planned.train.batch_size // world)
-            chunks = math.ceil((planned.train.batch_size // world) / chunk)
+            chunk = planned.rollout.micro_batch_size or (planned.train.batch_size // env.dp_size)
+            chunks = math.ceil((planned.train.batch_size // env.dp_size) / chunk)
             res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length)
             res.kv_cache_bytes = meter.kv_bytes
             res.seconds = res.flops / (opts.rollout_mfu * gpu.bf16_flops)

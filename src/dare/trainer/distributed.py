@@ -2,8 +2,9 @@
 
 ``dare train`` relaunches itself under ``python -m torch.distributed.run`` when ``distributed.nproc > 1`` (users
 never call torchrun). Each rank runs the same loop on its share of the step's batch; FSDP2 shards every decoder
-layer and the root, and reduce-scatters gradients (averaged over ranks: losses are scaled by the world size to
-turn that into the sum the additive losses need).
+layer and the root, and reduce-scatters gradients (averaged over ranks: losses are scaled by the data-parallel size
+to turn that into the sum the additive losses need). With ``distributed.sequence_parallel`` N, groups of N ranks
+share their data and split each sequence (``dare.models.sequence_parallel``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,38 @@ class DistEnv:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: Optional[str] = None
     local_world_size: Optional[int] = None  # processes per node (torchrun's LOCAL_WORLD_SIZE); None: all of them
+    sequence_parallel: int = 1  # processes that share each micro-batch (``use_sequence_parallel``)
+    _groups: Any = field(default=None, repr=False, compare=False)  # (data-parallel group, SequenceGroup)
+
+    def use_sequence_parallel(self, size: int) -> "DistEnv":
+        """Split the processes into groups of ``size`` consecutive ranks that share data (Ulysses sequence
+        parallelism); data parallelism is over the groups. Every rank must call it (it creates process groups)."""
+        if size == self.sequence_parallel:
+            return self
+        per_node = self.local_world_size or self.world_size
+        if size < 1 or self.world_size % size or per_node % size:
+            raise ValueError(f"distributed.sequence_parallel={size} must divide the {per_node} processes per node "
+                             f"(a group of {size} lives on one node; {self.world_size} processes in all)")
+        self.sequence_parallel, self._groups = size, None
+        if size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+            from ..models.sequence_parallel import SequenceGroup
+            mesh = init_device_mesh(self.device.type, (self.world_size // size, size), mesh_dim_names=("dp", "sp"))
+            self._groups = (mesh.get_group("dp"), SequenceGroup(mesh.get_group("sp"), size, self.rank % size))
+        return self
+
+    @property
+    def dp_rank(self) -> int:
+        """Which share of the data this process reads (the ranks of a sequence-parallel group read the same)."""
+        return self.rank // self.sequence_parallel
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.sequence_parallel
+
+    def sequence_group(self):
+        """This rank's ``SequenceGroup`` (None without sequence parallelism)."""
+        return self._groups[1] if self._groups is not None else None
 
     @property
     def nodes(self) -> int:
@@ -65,20 +98,23 @@ class DistEnv:
         return cls(rank, world, local, device, chosen, per_node)
 
     # --- collectives (no-ops in a single process) ------------------------------------------------------
-    def all_reduce_sums(self, values: dict[str, float]) -> dict[str, float]:
-        """Sum a dict of floats over ranks (keys must match on every rank)."""
+    def all_reduce_sums(self, values: dict[str, float], every_rank: bool = False) -> dict[str, float]:
+        """Sum a dict of floats over the data shares (keys must match on every rank): over the data-parallel ranks,
+        once per sequence-parallel group, whose ranks hold the same values; ``every_rank``: over all processes."""
         if not self.distributed or not values:
             return dict(values)
         keys = sorted(values)
         dev = self.device if self.backend == "nccl" else torch.device("cpu")
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=dev)
-        dist.all_reduce(t)
+        group = self._groups[0] if self._groups is not None and not every_rank else None
+        if group is None or self.dp_size > 1:
+            dist.all_reduce(t, group=group)
         return {k: float(v) for k, v in zip(keys, t.tolist())}
 
     def all_true(self, flag: bool) -> bool:
         if not self.distributed:
             return bool(flag)
-        return self.all_reduce_sums({"ok": 0.0 if flag else 1.0})["ok"] == 0.0
+        return self.all_reduce_sums({"ok": 0.0 if flag else 1.0}, every_rank=True)["ok"] == 0.0
 
     def barrier(self) -> None:
         if self.distributed:

@@ -30,6 +30,7 @@ from . import stages
 from .assemble import assemble
 from .checkpoint import CheckpointError, CheckpointManager
 from .data import PreferenceSource, SFTSource, load_preference_pairs, load_sft_docs
+from ..models.sequence_parallel import sharding_sequences
 from .distributed import DistEnv, set_grad_sync
 from .logs import MetricsLogger
 from .model_setup import export_pretrained, load_policy
@@ -54,13 +55,13 @@ def _check_max_length(recipe, model) -> None:
 def _sft_source(recipe, tokenizer, env, model):
     _check_max_length(recipe, model)
     docs = load_sft_docs(recipe.data, tokenizer)
-    return SFTSource(docs, recipe.data, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.rank, env.world_size)
+    return SFTSource(docs, recipe.data, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.dp_rank, env.dp_size)
 
 
 def _preference_source(recipe, tokenizer, env, model):
     _check_max_length(recipe, model)
     pairs = load_preference_pairs(recipe.data, tokenizer)
-    return PreferenceSource(pairs, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.rank, env.world_size)
+    return PreferenceSource(pairs, recipe.train.batch_size, recipe.train.seed, tokenizer.eos_token_id, env.dp_rank, env.dp_size)
 
 
 def _prompt_source(recipe, tokenizer, env, model):
@@ -77,7 +78,8 @@ DATA_SOURCES: dict[str, Callable] = {"sft": _sft_source, "preference": _preferen
 class Trainer:
     def __init__(self, recipe, env: Optional[DistEnv] = None):
         self.recipe = recipe
-        self.env = env or DistEnv.from_env(recipe.distributed.backend)
+        self.env = (env or DistEnv.from_env(recipe.distributed.backend)).use_sequence_parallel(
+            recipe.distributed.sequence_parallel)
         if self.env.distributed and self.env.is_main:
             log.info("%d processes on %d node(s), %s sharding", self.env.world_size, self.env.nodes,
                      recipe.distributed.sharding)
@@ -184,8 +186,8 @@ class Trainer:
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
         services = {"tokenizer": self.tokenizer, **(self.rollout.services() if self.rollout is not None else {})}
-        return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.rank,
-                           world_size=self.env.world_size, chunk_size=self.recipe.train.chunk_size,
+        return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.dp_rank,
+                           world_size=self.env.dp_size, chunk_size=self.recipe.train.chunk_size,
                            want_entropy=self.algo.uses_rollout, services=services,
                            companions=self.companions.modules())
 
@@ -221,7 +223,7 @@ class Trainer:
                 batch, rollout_metrics = self.algo.collect(self.rollout, ctx, batch, self.model)
             metrics.update(rollout_metrics)
         t_prepare = time.perf_counter()
-        with self.phase("score"), self._autocast():
+        with self.phase("score"), self._autocast(), sharding_sequences(self.env.sequence_group()):
             stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
         metrics["prepare_time"] = time.perf_counter() - t_prepare  # corruption + old / reference / companion scoring
         adv = self.algo.advantages(ctx, batch)  # (4)
@@ -238,8 +240,10 @@ class Trainer:
 
         for it in range(n_it):  # (5)
             with self.phase("update"):
-                with self._autocast():
-                    m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.world_size),
+                # Losses are scaled by the data-parallel size: FSDP averages gradients over every rank, which turns
+                # that into the sum the additive losses need (sequence_parallel.py: a group counts once).
+                with self._autocast(), sharding_sequences(self.env.sequence_group()):
+                    m = stages.update(self.algo, ctx, self.model, batch, it, micro, float(self.env.dp_size),
                                       grad_sync if self.fsdp and self.recipe.distributed.grad_sync == "last" else None)
                 m = self.env.all_reduce_sums(m)
                 grad_norm, applied = self._optimizer_step(step, m.get("loss", float("nan")), m)

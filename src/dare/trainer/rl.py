@@ -34,8 +34,8 @@ class PromptSource:
 
     def __init__(self, prompted: list, batch_size: int, seed: int, rank: int = 0, world: int = 1):
         if batch_size % world:
-            raise ValueError(f"train.batch_size={batch_size} prompts must be divisible by distributed.nproc={world} "
-                             f"(each rank generates whole groups)")
+            raise ValueError(f"train.batch_size={batch_size} prompts must be divisible by the {world} data-parallel "
+                             f"ranks (distributed.nproc x nnodes / sequence_parallel; each generates whole groups)")
         self.prompted, self.rank, self.world, self.batch_size, self.seed = prompted, rank, world, batch_size, seed
         self.sampler = EpochSampler(len(prompted), batch_size, seed)
         self.pool: Optional[list[int]] = None  # None: every prompt
@@ -74,7 +74,7 @@ class PromptSource:
         prompted = build_prompts(load_examples(ds), tokenizer, ds, budget)
         if not prompted:
             raise ValueError(f"data.dataset {ds.describe()}: no usable prompts")
-        return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.rank, env.world_size)
+        return cls(prompted, recipe.train.batch_size, recipe.train.seed, env.dp_rank, env.dp_size)
 
     def batch(self, step: int) -> Batch:
         if self._pool_sampler is not None:
