@@ -51,8 +51,9 @@ class SequenceGroup:
 
 
 def _a2a(t: torch.Tensor, sp: SequenceGroup) -> torch.Tensor:
-    out = torch.empty_like(t)
-    dist.all_to_all_single(out, t.contiguous(), group=sp.group)
+    t = t.contiguous()
+    out = torch.empty_like(t)  # contiguous too (empty_like keeps the strides of a permuted input)
+    dist.all_to_all_single(out, t, group=sp.group)
     return out
 
 
