@@ -116,12 +116,12 @@ def score_targets(model, input_ids: torch.Tensor, targets: torch.Tensor, labels:
     rows = model.adapter.prediction_rows(col)
     logp, ent = linear_log_prob(hidden[b, rows], model.lm_head.weight, labels[b, col], chunk_size, temperature, with_entropy,
                                 softcap=model.adapter.logit_softcap)
-    dense = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
-    dense = dense.index_put((b, col), logp)
-    dense_ent = None
-    if with_entropy:
-        dense_ent = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((b, col), ent)
-    return dense, dense_ent
+    return _scattered(targets, b, col, logp), (_scattered(targets, b, col, ent) if with_entropy else None)
+
+
+def _scattered(targets: torch.Tensor, b: torch.Tensor, col: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[B, L]`` zeros with ``values`` at the target positions ``(b, col)``."""
+    return torch.zeros(targets.shape, dtype=torch.float32, device=values.device).index_put((b, col), values)
 
 
 def _pad_for_sequence_parallel(size: int, input_ids, attention_mask, position_ids, layout):
@@ -164,8 +164,4 @@ def _score_sharded(sp, model, input_ids, targets, labels, attention_mask, positi
     b, col, rows = b[mine], col[mine], rows[mine] - own.start
     logp, ent = linear_log_prob(hidden[b, rows], model.lm_head.weight, labels[b, col], chunk_size, temperature,
                                 with_entropy, softcap=model.adapter.logit_softcap)
-    dense = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((b, col), logp)
-    dense_ent = None
-    if with_entropy:
-        dense_ent = sp.sum(torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put((b, col), ent))
-    return sp.sum(dense), dense_ent
+    return sp.sum(_scattered(targets, b, col, logp)), (sp.sum(_scattered(targets, b, col, ent)) if with_entropy else None)

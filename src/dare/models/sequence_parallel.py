@@ -38,11 +38,11 @@ class SequenceGroup:
 
     def heads_from_sequence(self, t: torch.Tensor) -> torch.Tensor:
         """[B, H, L/N, D] (all heads, my positions) -> [B, H/N, L, D] (my heads, all positions)."""
-        return _SeqToHeads.apply(t, self)
+        return _Swap.apply(t, self, True)
 
     def sequence_from_heads(self, t: torch.Tensor) -> torch.Tensor:
         """[B, H/N, L, D] -> [B, H, L/N, D] (the inverse of ``heads_from_sequence``)."""
-        return _HeadsToSeq.apply(t, self)
+        return _Swap.apply(t, self, False)
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's ``t`` (each rank's share, zero elsewhere); backward gives N x the gradient (see the
@@ -72,26 +72,17 @@ def _heads_to_seq(t: torch.Tensor, sp: SequenceGroup) -> torch.Tensor:
     return out.transpose(0, 1).reshape(B, N * h, L // N, D)
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _Swap(torch.autograd.Function):
+    """``_seq_to_heads`` (``to_heads``) or ``_heads_to_seq``; the backward is the other one."""
+
     @staticmethod
-    def forward(ctx, t, sp):
-        ctx.sp = sp
-        return _seq_to_heads(t, sp)
+    def forward(ctx, t, sp, to_heads: bool):
+        ctx.sp, ctx.to_heads = sp, to_heads
+        return (_seq_to_heads if to_heads else _heads_to_seq)(t, sp)
 
     @staticmethod
     def backward(ctx, grad):
-        return _heads_to_seq(grad, ctx.sp), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, sp):
-        ctx.sp = sp
-        return _heads_to_seq(t, sp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _seq_to_heads(grad, ctx.sp), None
+        return (_heads_to_seq if ctx.to_heads else _seq_to_heads)(grad, ctx.sp), None, None
 
 
 class _GroupSum(torch.autograd.Function):
