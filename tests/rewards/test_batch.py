@@ -54,7 +54,8 @@ def test_pool_scores_and_is_reused(pool):
     calls = [(helpers.worker_pid, "", {}) for _ in range(6)]
     first = {r.score for r in pool.map(calls, timeout=30)}
     second = {r.score for r in pool.map(calls, timeout=30)}
-    assert len(first) <= 2 and first == second  # the same two worker processes serve both batches
+    # The same two worker processes serve both batches (which of them takes which call is up to the pool).
+    assert len(first | second) <= 2 and os.getpid() not in first | second
     results = pool.map([(helpers.length, "abc", {}), (get_reward("math"), "\\boxed{5}", MATH)], timeout=30)
     assert results == [RewardResult(3.0), RewardResult(1.0)]
 
