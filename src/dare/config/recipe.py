@@ -192,9 +192,6 @@ class DistributedSection:
     def __post_init__(self):
         if self.nproc < 1 or self.nnodes < 1:
             raise ValueError(f"distributed.nproc and distributed.nnodes must be >= 1, got {self.nproc}, {self.nnodes}")
-        if self.sequence_parallel > 1:  # the code path exists; its SP = 2 vs SP = 1 equality test does not pass yet
-            raise ValueError("distributed.sequence_parallel > 1 is not available yet: Ulysses sequence parallelism is "
-                             "being validated (issue 24, section 4); use 1")
         if self.sequence_parallel < 1 or self.nproc % self.sequence_parallel:
             raise ValueError(f"distributed.sequence_parallel={self.sequence_parallel} must be >= 1 and divide "
                              f"distributed.nproc={self.nproc} (a group lives on one node)")

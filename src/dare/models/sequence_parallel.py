@@ -106,6 +106,16 @@ def check_heads(num_heads: int, num_kv_heads: int, size: int) -> None:
                          f"(num_attention_heads); choose a divisor of {num_heads}")
 
 
+def check_model(model, size: int) -> None:
+    """Fail at assembly (before any rollout) when ``model`` cannot run ``size``-way sequence parallel."""
+    if size == 1:
+        return
+    if not getattr(model, "supports_sequence_parallel", False):
+        raise ValueError(f"distributed.sequence_parallel={size}: {type(model).__name__} has no sequence-parallel "
+                         f"forward (the native DiffusionLM families have one); use distributed.sequence_parallel: 1")
+    check_heads(model.arch.num_heads, model.arch.num_kv_heads, size)
+
+
 _ACTIVE: list = [None]
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..models import sequence_parallel
 from ..models.lora import apply_lora
 from .companions import Companions
 from .distributed import shard_model
@@ -48,6 +49,7 @@ def assemble(recipe, env, algo, model: torch.nn.Module, placement: Optional[Plac
     """Wrap the policy ``model`` as ``recipe`` trains it (errors for settings the model or method cannot use)."""
     placement = placement or Placement.on_device(env.device)
     algo.check_model(model.adapter)  # fail before any rollout when the method is undefined for this family
+    sequence_parallel.check_model(model, env.sequence_parallel)
     if algo.uses_rollout:
         algo.check_rollout(recipe.rollout.sampler, model.adapter)
     if recipe.lora.enabled:

@@ -1,0 +1,83 @@
+"""Ulysses sequence parallelism: SP = 2 (two gloo processes) gives the log-probs and gradients of SP = 1.
+
+Every native family, on an odd length (padding), a left-padded batch, a packed row and (block-diffusion families)
+the ``[x_t ; x_0]`` layout; SDAR with one key/value head exercises the repeat of heads that 2 does not divide.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dare.models import sequence_parallel as S
+from dare.models import tiny
+from tests.trainer.helpers import ROOT
+
+WORKER = ROOT / "tests" / "models" / "sequence_parallel_worker.py"
+FAMILIES = ["llada", "dream", "sdar:1", "llada2", "lladamoe", "sdarmoe", "llada21"]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sequence_parallel")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER), str(out),
+           *FAMILIES]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the sequence-parallel worker hung (a collective that one rank skipped)")
+    assert proc.returncode == 0, log[-3000:]
+    return tuple([json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1))
+
+
+@pytest.mark.slow
+def test_every_family_and_layout_was_measured(measured):
+    zero, one = measured
+    assert len(zero) == len(one) == 2 * (3 * len(FAMILIES) + 4)  # fp64 + fp32; four block-diffusion families
+    assert {r["family"] for r in zero} == set(FAMILIES)
+    assert all(r["targets"] > 0 for r in zero)
+    for a, b in zip(zero, one):  # both ranks end with the whole [B, L] log-probs and the same reduced gradient
+        assert a == {**b, "rank": 0}
+
+
+@pytest.mark.slow
+def test_float64_log_probs_and_gradients_equal_within_1e_6(measured):
+    for r in measured[0]:
+        if r["dtype"] == "float64":
+            # The log-softmax runs in fp32 (linear_log_prob), so fp64 differences are fp32 rounding of the head's
+            # gradient accumulated over other row sets (measured <= 3.4e-7).
+            assert r["logp_diff"] <= 1e-6 and r["grad_diff"] <= 1e-6, r
+
+
+@pytest.mark.slow
+def test_float32_log_probs_and_gradients_equal_to_rounding(measured):
+    for r in measured[0]:
+        if r["dtype"] == "float32":
+            assert r["logp_diff"] <= 1e-5, r
+            assert r["grad_diff"] <= 2e-6 * r["grad_scale"], r  # measured <= 8.2e-7 of the largest gradient entry
+
+
+def test_models_without_a_sequence_parallel_forward_fail_at_assembly():
+    S.check_model(tiny("llada"), 1)
+    S.check_model(tiny("llada"), 2)  # 4 heads
+    with pytest.raises(ValueError, match="must divide the model's 4 attention heads"):
+        S.check_model(tiny("llada"), 3)
+    with pytest.raises(ValueError, match="DiffusionGemmaLM has no sequence-parallel forward"):
+        S.check_model(tiny("diffusiongemma"), 2)
+
+
+def test_a_forward_refuses_what_it_cannot_shard():
+    model = tiny("llada")
+    sp = S.SequenceGroup(group=None, size=2, rank=0)  # the checks run before any collective
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="length divisible"):
+        model(ids[:, :7], sequence_parallel=sp)
+    with pytest.raises(ValueError, match="no KV cache and no logits_rows"):
+        model(ids, sequence_parallel=sp, logits_at=slice(0, 4))
