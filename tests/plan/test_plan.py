@@ -114,6 +114,9 @@ def test_parse_bytes():
 @pytest.mark.parametrize("recipe,overrides", [
     ("recipes/sft_tiny.yaml", ["model.path=tiny:sdar"]),
     ("recipes/rl/coupled_grpo.yaml", []),
+    # Ulysses: the two processes share the data and split each sequence (the all-to-alls allocate what the plan
+    # counts; gloo's own buffers are not torch tensors on either side)
+    ("recipes/sft_tiny.yaml", ["model.path=tiny:sdar", "distributed.nproc=2", "distributed.sequence_parallel=2"]),
 ])
 def test_plan_equals_two_gloo_processes(recipe, overrides):
     """The plan of rank 0 on a fake world of 2 equals rank 0 of a real 2-process gloo run."""

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..trainer.rl import RolloutStage
+from ..trainer.rl import RolloutStage, rollout_share
 from .simulate import real_data
 
 
@@ -124,18 +124,19 @@ class SimulatedRollout(RolloutStage):
                            "(the rollout phase is the gathered weights only: a lower bound)")
             with gathered_for_inference(model), real_data():
                 return self._completed(prompts, model, sampler)
-        chunk = self.recipe.rollout.micro_batch_size or len(seeds)
+        start, stop = rollout_share(len(seeds), self.env.sequence_group())  # a sequence-parallel group splits them
+        chunk = min(self.recipe.rollout.micro_batch_size or stop - start, stop - start)
         probe = self._probe_config(sampler)
         steps = (1, 2)
         if schedule(probe, model.adapter)[1] < 3:
             # The probe pauses inside the first block (its commits are lost on fake logits, so no block finishes):
             # with fewer than 3 scheduled steps per block, schedule 3 (or 2) of the same shapes for the probe.
             probe, steps = _with_steps_per_block(probe, model.adapter)
-        head = prompts["prompt_tokens"][:chunk]
+        head = prompts["prompt_tokens"][start:start + chunk]
         with gathered_for_inference(model):
             for n_steps in steps:
                 with self.on_probe(n_steps):
-                    generate(model, head, probe, n=self.group, seeds=seeds[:chunk], until_step=n_steps)
+                    generate(model, head, probe, n=self.group, seeds=seeds[start:start + chunk], until_step=n_steps)
         with real_data():
             return self._completed(prompts, model, sampler)
 

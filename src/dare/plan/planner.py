@@ -399,6 +399,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     from ..trainer.assemble import Placement, assemble
     from ..trainer.distributed import DistEnv
     from ..trainer.loop import Trainer
+    from ..trainer.rl import rollout_share
     from .data import PlanTokenizer, SimulatedRollout
     from .models import meta_model
     from .simulate import Simulation
@@ -474,8 +475,9 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         if name_ == "rollout" and meter.probes:
             f1 = meter.probes.get(1, 0.0)
             f2 = max(meter.probes[2] - f1, 0.0) if 2 in meter.probes else f1
-            chunk = planned.rollout.micro_batch_size or (planned.train.batch_size // env.dp_size)
-            chunks = math.ceil((planned.train.batch_size // env.dp_size) / chunk)
+            start, stop = rollout_share(planned.train.batch_size // env.dp_size, env.sequence_group())
+            chunk = planned.rollout.micro_batch_size or (stop - start)
+            chunks = math.ceil((stop - start) / chunk)
             res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length)
             res.kv_cache_bytes = meter.kv_bytes
             res.seconds = res.flops / (opts.rollout_mfu * gpu.bf16_flops)

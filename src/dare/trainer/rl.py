@@ -87,6 +87,39 @@ class PromptSource:
                      examples=[p.example for p in items])
 
 
+def rollout_share(prompts: int, sp) -> tuple[int, int]:
+    """The prompts ``[start, stop)`` this rank decodes of its group's ``prompts`` (all of them without sequence
+    parallelism). The first ranks take one more when N does not divide them (rank 0, which ``dare plan`` plans, is
+    the busiest)."""
+    if sp is None:
+        return 0, prompts
+    q, extra = divmod(prompts, sp.size)
+    start = sp.rank * q + min(sp.rank, extra)
+    return start, start + q + (sp.rank < extra)
+
+
+def _moved(value, device):
+    """A rollout (or its trajectory) with every tensor field on ``device``."""
+    import dataclasses
+    changes = {}
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        if isinstance(v, torch.Tensor):
+            changes[f.name] = v.to(device)
+        elif dataclasses.is_dataclass(v):
+            changes[f.name] = _moved(v, device)
+    return dataclasses.replace(value, **changes)
+
+
+def _gathered_in_group(parts: list, sp, device) -> list:
+    """Every rank's rollouts of the sequence-parallel group, in rank order (the group's prompts in order). They
+    travel pickled on the CPU: a pickled CUDA tensor would come back on the sender's device."""
+    import torch.distributed as dist
+    everyone = [None] * sp.size
+    dist.all_gather_object(everyone, [_moved(r, "cpu") for r in parts], group=sp.group)
+    return [_moved(r, device) for rank_parts in everyone for r in rank_parts]
+
+
 def _pad_left(t: torch.Tensor, width: int, value) -> torch.Tensor:
     return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
 
@@ -176,13 +209,21 @@ class RolloutStage:
         return {"rollout_sampler": self.recipe.rollout.sampler, "score_ids": self.score_ids}
 
     def decode(self, prompts: Batch, seeds: list[int], model, sampler):
-        """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``."""
+        """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``.
+
+        The ranks of a sequence-parallel group share their prompts: each decodes a contiguous 1/N of them and the
+        group exchanges the rollouts, so every rank holds the whole batch (decoding is not sequence-parallel, and
+        would otherwise be repeated N times)."""
         from ..rollout import generate
         from .distributed import gathered_for_inference
-        chunk = self.recipe.rollout.micro_batch_size or len(seeds)
+        sp = self.env.sequence_group()
+        start, stop = rollout_share(len(seeds), sp)
+        chunk = self.recipe.rollout.micro_batch_size or max(stop - start, 1)
         with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
-            parts = [generate(model, prompts["prompt_tokens"][s:s + chunk], sampler, n=self.group, seeds=seeds[s:s + chunk])
-                     for s in range(0, len(seeds), chunk)]
+            parts = [generate(model, prompts["prompt_tokens"][s:min(s + chunk, stop)], sampler, n=self.group,
+                              seeds=seeds[s:min(s + chunk, stop)]) for s in range(start, stop, chunk)]
+        if sp is not None:
+            parts = _gathered_in_group(parts, sp, self.env.device)
         return _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
 
     def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[Batch, dict]:
