@@ -55,7 +55,7 @@ def shape_key(recipe) -> str:
     for k in ("rdzv_endpoint", "rdzv_id"):  # where the nodes meet, not what they run
         d["distributed"].pop(k, None)
     # The node layout, left out at its defaults: the cached plans were keyed before these settings existed.
-    for k, default in (("nnodes", 1), ("sharding", "full")):
+    for k, default in (("nnodes", 1), ("sharding", "full"), ("sequence_parallel", 1)):
         if d["distributed"].get(k) == default:
             d["distributed"].pop(k)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

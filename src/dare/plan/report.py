@@ -37,6 +37,11 @@ def knobs(plan, phase: str, recipe) -> list[str]:
         if plan.world > 1 and recipe.distributed.grad_sync == "last" and accumulating > 0.25 * plan.peak_bytes:
             out.append("distributed.grad_sync: every (reduce-scatter each micro-batch instead of accumulating unsharded "
                        "fp32 gradients)")
+        activations = max([p.breakdown.get("activations", 0) for p in plan.phases if p.name == phase] or [0])
+        sp, per_node = recipe.distributed.sequence_parallel, plan.world // max(plan.nodes, 1)
+        if activations > 0.25 * plan.peak_bytes and per_node % (2 * sp) == 0:
+            out.append(f"distributed.sequence_parallel: {2 * sp} (each sequence split over {2 * sp} GPUs: activations "
+                       f"per GPU / {2 * sp}; native families)")
         if not recipe.lora.enabled:
             out.append("lora.enabled: true (no full-size gradients or optimizer states)")
     out.append(f"more GPUs (--gpus; now {plan.world}): parameters, gradients and optimizer states shard over them")
@@ -62,12 +67,18 @@ def _hybrid(recipe) -> bool:
     return recipe is not None and recipe.distributed.sharding == "hybrid"
 
 
+def _sequence_parallel(recipe) -> str:
+    n = recipe.distributed.sequence_parallel if recipe is not None else 1
+    return f", sequence parallel {n}: groups of {n} GPUs share each micro-batch" if n > 1 else ""
+
+
 def table(plan, recipe=None, margin: float = 0.1, reserved: int = 2 * GIB) -> str:
     lines = [f"dare plan: {plan.recipe or plan.model}",
              f"  model {plan.model} ({plan.family}, {plan.parameters / 1e9:.2f}B parameters, "
              f"{plan.trainable / 1e9:.3f}B trainable; {plan.config_source})",
              f"  {plan.world} x {plan.gpu} ({plan.nodes} node{'s' if plan.nodes > 1 else ''}"
-             f"{', hybrid sharding: FSDP within a node, replicas across nodes' if _hybrid(recipe) else ''}), "
+             f"{', hybrid sharding: FSDP within a node, replicas across nodes' if _hybrid(recipe) else ''}"
+             f"{_sequence_parallel(recipe)}), "
              f"{gib(plan.gpu_memory)} GiB each; budget {gib(plan.budget)} GiB per GPU "
              f"(minus {margin:.0%} margin and {gib(reserved)} GiB reserved)", ""]
     cats = []
