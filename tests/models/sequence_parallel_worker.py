@@ -12,6 +12,7 @@ import torch.distributed as dist
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny
 from dare.models import sequence_parallel as S
+from dare.trainer.distributed import close_process_group
 
 
 def _cases(model, gen: torch.Generator):
@@ -73,8 +74,7 @@ def main(out: Path, families: list[str]) -> None:
                                   "targets": int(targets.sum()), "logp_diff": (one - two).abs().max().item(),
                                   "grad_diff": grad_diff, "grad_scale": grad_scale}))
     (out / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
+    close_process_group()  # every rank done talking before gloo's pairs go (dare.trainer.distributed)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from dare.models import tiny
 from dare.rollout import SamplerConfig, generate
-from dare.trainer.distributed import gathered_for_inference
+from dare.trainer.distributed import close_process_group, gathered_for_inference
 
 
 def main(gathered: bool) -> None:  # gathered=False reproduces the failure (hang or crash)
@@ -37,8 +37,7 @@ def main(gathered: bool) -> None:  # gathered=False reproduces the failure (hang
     print(f"rank {rank} nfe {out.nfe}", flush=True)
     # Meet before tearing gloo down, as DistEnv.close(sync=True) does after a finished run: a rank destroying its
     # pairs while the peer still talks aborts the peer ("terminate called without an active exception", seen in CI).
-    dist.barrier()
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def _main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from ..config.recipe import load_recipe
+    from ..trainer.distributed import close_process_group
     torch.set_num_threads(1)
     recipe_path, out, overrides = argv[0], Path(argv[1]), argv[2:]
     recipe = load_recipe(recipe_path, overrides)
@@ -70,8 +71,7 @@ def _main(argv: list[str]) -> int:
             out.write_text(json.dumps(result))
     finally:
         if world > 1:
-            dist.barrier()
-            dist.destroy_process_group()
+            close_process_group()
     return 0
 
 

@@ -128,13 +128,27 @@ class DistEnv:
         return box[0]
 
     def close(self, sync: bool = False) -> None:
-        """Tear the process group down. ``sync`` (after a run that finished on every rank): meet in a barrier first,
-        so no rank destroys its gloo pairs while a peer still talks to it (that race aborts the peer with
-        "terminate called without an active exception"). Never on an error path: the peer may be elsewhere."""
+        """Tear the process group down; ``sync`` after a run that finished on every rank (``close_process_group``).
+        Never sync on an error path: the peer may be elsewhere."""
         if self.distributed and dist.is_initialized():
-            if sync:
-                dist.barrier()
-            dist.destroy_process_group()
+            close_process_group(sync)
+
+
+def close_process_group(sync: bool = True, timeout_s: float = 300.0) -> None:
+    """Destroy the default process group. ``sync``: first make sure every rank is done talking. A barrier alone is
+    not enough: a rank returns from it while a peer may still be receiving its last message, and destroying the
+    gloo pairs then aborts the peer ("terminate called without an active exception", seen in CI). So after the
+    barrier each rank checks in at the rendezvous store (not a gloo pair) and waits for every other rank's check-in:
+    once all have, no collective is in flight."""
+    if not dist.is_initialized():
+        return
+    if sync and dist.get_world_size() > 1:
+        import datetime
+        dist.barrier()
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"dare/closed/{dist.get_rank()}", "1")
+        store.wait([f"dare/closed/{r}" for r in range(dist.get_world_size())], datetime.timedelta(seconds=timeout_s))
+    dist.destroy_process_group()
 
 
 def device_mesh(env: DistEnv, sharding: str = "full"):
