@@ -4,17 +4,13 @@ Every native family, on an odd length (padding), a left-padded batch, a packed r
 the ``[x_t ; x_0]`` layout; SDAR with one key/value head exercises the repeat of heads that 2 does not divide.
 """
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from dare.models import sequence_parallel as S
 from dare.models import tiny
-from tests.trainer.helpers import ROOT
+from tests.trainer.helpers import ROOT, run_workers
 
 WORKER = ROOT / "tests" / "models" / "sequence_parallel_worker.py"
 FAMILIES = ["llada", "dream", "sdar:1", "llada2", "lladamoe", "sdarmoe", "llada21"]
@@ -23,17 +19,8 @@ FAMILIES = ["llada", "dream", "sdar:1", "llada2", "lladamoe", "sdarmoe", "llada2
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("sequence_parallel")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER), str(out),
-           *FAMILIES]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the sequence-parallel worker hung (a collective that one rank skipped)")
-    assert proc.returncode == 0, log[-3000:]
+    run_workers(WORKER, str(out), *FAMILIES, timeout=300,
+                hang="the sequence-parallel worker hung (a collective that one rank skipped)")
     return tuple([json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1))
 
 

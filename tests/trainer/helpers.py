@@ -2,7 +2,10 @@
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from dare.config.recipe import load_recipe
 
@@ -24,6 +27,29 @@ def run_to_success(cmd, env, timeout):
         raise
     assert proc.returncode == 0, err[-3000:]
     return err
+
+
+def run_workers(script: Path, *args: str, timeout: float, hang: str) -> str:
+    """Run ``script`` on 2 processes under torchrun (OMP_NUM_THREADS=1, the repository importable); assert it exits
+    0 and return its output. On ``timeout`` kill torchrun and its workers and fail with ``hang``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts its workers in sessions of their own: kill them by command line, not by process group.
+        for pid in Path("/proc").iterdir():
+            try:
+                if pid.name.isdigit() and str(script) in (pid / "cmdline").read_bytes().decode(errors="ignore"):
+                    os.kill(int(pid.name), signal.SIGKILL)
+            except OSError:
+                pass
+        pytest.fail(hang)
+    assert proc.returncode == 0, out[-3000:]
+    return out
 
 
 def sft_recipe(tmp_path, *overrides, family="llada"):
