@@ -14,42 +14,43 @@ TOY_SFT = ROOT / "tests/assets/data/toy_sft.jsonl"
 TOY_PREF = ROOT / "tests/assets/data/toy_pref.jsonl"
 
 
-def run_to_success(cmd, env, timeout):
+def run_to_success(cmd, env, timeout, merge_output: bool = False, on_timeout=None):
     """Run ``cmd`` from the repository root in a session of its own, so a hung run is killed together with its
-    torchrun workers; assert it exits 0 (showing the end of stderr otherwise) and return its stderr."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    torchrun workers; assert it exits 0 (showing the end of stderr otherwise) and return its stderr (stdout and
+    stderr with ``merge_output``). On a timeout ``on_timeout()`` runs after the kill, then TimeoutExpired is raised."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_output else subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+        if on_timeout is not None:
+            on_timeout()
         raise
-    assert proc.returncode == 0, err[-3000:]
-    return err
+    text = out if merge_output else err
+    assert proc.returncode == 0, text[-3000:]
+    return text
 
 
 def run_workers(script: Path, *args: str, timeout: float, hang: str) -> str:
     """Run ``script`` on 2 processes under torchrun (OMP_NUM_THREADS=1, the repository importable); assert it exits
     0 and return its output. On ``timeout`` kill torchrun and its workers and fail with ``hang``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        # torchrun starts its workers in sessions of their own: kill them by command line, not by process group.
+    def kill_workers():  # torchrun starts its workers in sessions of their own: kill them by command line
         for pid in Path("/proc").iterdir():
             try:
                 if pid.name.isdigit() and str(script) in (pid / "cmdline").read_bytes().decode(errors="ignore"):
                     os.kill(int(pid.name), signal.SIGKILL)
             except OSError:
                 pass
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
+    try:
+        return run_to_success(cmd, env, timeout, merge_output=True, on_timeout=kill_workers)
+    except subprocess.TimeoutExpired:
         pytest.fail(hang)
-    assert proc.returncode == 0, out[-3000:]
-    return out
 
 
 def sft_recipe(tmp_path, *overrides, family="llada"):
