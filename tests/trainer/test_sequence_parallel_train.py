@@ -1,5 +1,5 @@
 """``dare train`` with ``distributed.sequence_parallel: 2`` on two processes reproduces one process: SFT (a
-bidirectional and a block-diffusion family) and RL (d1 with a frozen reference; TraceRL with its value model on
+bidirectional and a block-diffusion family), LoRA SFT, DPO and RL (d1 with a frozen reference; TraceRL with its value model on
 SDAR's block-causal layout). With one group, the data, seeds and rollouts are those of one process (its ranks decode
 half of the prompts each and exchange them); the training forward is split, so every metric agrees to float
 rounding."""
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.trainer.helpers import ROOT, TOY_SFT, run_to_success
+from tests.trainer.helpers import ROOT, TOY_PREF, TOY_SFT, run_to_success
 
 WRAPPER = ROOT / "tests" / "trainer" / "sequence_parallel_train.py"
 COMMON = ["logging.progress=false", "logging.tensorboard=false", "train.export=false", "train.save_every=0"]
@@ -22,11 +22,13 @@ CASES = {
                                             "train.batch_size=4", "train.micro_batch_size=1"]),
     "sft_sdar": ("recipes/sft_tiny.yaml", [f"data.pairs={TOY_SFT}", "model.path=tiny:sdar", "train.steps=3",
                                            "train.batch_size=4", "train.micro_batch_size=1"]),
+    "dpo_llada": ("recipes/dpo_tiny.yaml", [f"data.pairs={TOY_PREF}", "train.steps=2"]),
+    "lora_sft_llada": ("recipes/lora_sft_tiny.yaml", [f"data.pairs={TOY_SFT}", "train.steps=2"]),
     "d1_llada": ("recipes/d1_tiny.yaml", RL + ["algorithm.inner_iterations=2",
                                                "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}"]),
     "tracerl_value_sdar": ("recipes/rl/tracerl_with_value.yaml", RL),
 }
-KEYS = ("loss", "grad_norm", "masked_frac", "reward_mean", "kl", "ratio_mean", "value_loss", "completion_len")
+KEYS = ("loss", "grad_norm", "masked_frac", "accuracy", "margin", "reward_mean", "kl", "ratio_mean", "value_loss", "completion_len")
 
 
 def _train(out, recipe, overrides, two: bool):
