@@ -1,7 +1,9 @@
 """Stages (1) rollout and (2) reward of the RL loop, and the prompt source they start from.
 
-Each rank takes whole prompts of the step's global batch (round-robin) and generates all ``group_size`` completions
-of each itself, so group statistics (advantages, the zero-variance filter) never cross ranks. Every random draw is
+Each data-parallel rank takes whole prompts of the step's global batch (round-robin) and generates all
+``group_size`` completions of each itself, so group statistics (advantages, the zero-variance filter) never cross
+ranks (the ranks of a sequence-parallel group share their prompts: each decodes a contiguous share and the group
+exchanges the rollouts). Every random draw is
 keyed: prompt j of step s is sampled with seed ``hash(run seed, "rollout", s, j)`` (the rollout engine derives the
 per-completion generators from it), so a sample's random draws do not depend on the rank or batch it lands in
 (its float rounding does: docs/samplers.md), and a resumed run
