@@ -4,7 +4,7 @@
     python benchmarks/bench_sequence_parallel.py      # writes benchmarks/sequence_parallel.md (about 25 CPU minutes; pass a worker count)
 
 Every row is a plan (``dare.plan``: the trainer's own code on fake weights and a fake process group of 8 ranks), not
-a GPU measurement; the plans of tiny configurations equal real 2-process runs (benchmarks/plan.md has SP rows).
+a GPU measurement; the plan of a tiny SP = 2 SFT equals a real 2-process run to the byte (tests/plan/test_plan.py).
 All SFT rows reduce-scatter gradients every micro-batch (``distributed.grad_sync: every``), so the unsharded fp32
 gradients of accumulation (30 GiB for 8B) do not hide what activations cost.
 """
