@@ -63,7 +63,8 @@ def stub_adapter(block_size=None):
 
 
 class TableModel(torch.nn.Module):
-    """A model whose i-th forward returns ``hidden[i]`` (logits ``[B, T, V]``) with an identity head.
+    """A model whose i-th forward returns ``hidden[i]`` (logits ``[B, T, V]``) with an identity head (a forward of
+    several views' rows at once returns their tables, concatenated).
 
     ``dare.diffusion.logprob.score_targets`` computes ``log_softmax(hidden @ I)`` at the targets, so a view scored
     in the i-th forward sees exactly the logits the reference saw for it."""
@@ -76,8 +77,13 @@ class TableModel(torch.nn.Module):
         self.adapter = stub_adapter()
 
     def forward(self, input_ids, **kwargs):
-        h = self.hidden[self.calls]
-        self.calls += 1
+        # Views of one shape run as one batched forward (``dare.algorithms.base.score_views``): the next tables in order
+        parts, rows = [], 0
+        while rows < input_ids.shape[0] and self.calls < len(self.hidden):
+            parts.append(self.hidden[self.calls])
+            rows += parts[-1].shape[0]
+            self.calls += 1
+        h = torch.cat(parts) if len(parts) > 1 else parts[0]
         if h.shape[:2] != input_ids.shape[:2]:
             raise ValueError(f"forward {self.calls}: table has shape {tuple(h.shape)}, input {tuple(input_ids.shape)}")
         return SimpleNamespace(hidden_states=h)

@@ -105,13 +105,15 @@ def test_leave_one_out_advantages():
 def test_forwards_per_iteration(full_view, expected):
     model, algo, ctx = _setup(full_mask_view=full_view)
     batch = rl_batch(n_prompts=1, group=3)
-    calls = []
-    handle = model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+    rows = []
+    handle = model.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
     try:
         algo.log_likelihood(ctx, model, batch, algo.corrupt(ctx, batch, 0))
     finally:
         handle.remove()
-    assert len(calls) == expected == algo.mc_samples
+    # every view of every sample is one forward row; the views run as one batch (dare.algorithms.base.score_views)
+    assert sum(rows) == expected * batch.size and expected == algo.mc_samples
+    assert len(rows) == 1
 
 
 def test_masks_replay_across_passes_and_microbatches_without_touching_global_rng():

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .experts import per_expert_names, split_expert_tensor, stack_expert_tensors
 from .families import detect_family, get_family
 from .families.base import Family
 from .model import DiffusionLM
@@ -166,7 +167,13 @@ def build_model(family: Family, cfg: dict, mask_token_id: int, dtype=torch.float
 def load_state_dict_checked(model: DiffusionLM, state: dict[str, torch.Tensor], dtype: torch.dtype, where: str) -> None:
     family = get_family(model.family)
     expected = model.state_dict()
+    state, wrong = stack_expert_tensors(state, expected)  # published per-expert tensors -> stacked expert parameters
+    if wrong:
+        k, got, want = wrong[0]
+        raise CheckpointError(f"{where}: tensor {family.to_published(k)} has shape {got}, config.json implies {want}")
     missing = [k for k in expected if k not in state and not (k == "lm_head.weight" and model.arch.tie_word_embeddings)]
+    # a stacked expert parameter is missing when one of its per-expert tensors is: name those
+    missing = [n for k in missing for n in per_expert_names(k, expected[k].shape[0]) if n not in state]
     if missing:
         names = ", ".join(family.to_published(k) for k in missing[:8])
         raise CheckpointError(f"{where}: missing tensor(s) {names}{' ...' if len(missing) > 8 else ''} "
@@ -212,10 +219,11 @@ def save_pretrained(model: DiffusionLM, path, tokenizer=None, max_shard_bytes: i
             continue
         if hasattr(v, "full_tensor"):  # FSDP2 DTensor
             v = v.full_tensor()
-        v = v.detach().to("cpu").contiguous()
-        if v.untyped_storage().nbytes() != v.numel() * v.element_size():  # a view of a fused buffer: own storage
-            v = v.clone()
-        state[family.to_published(k)] = v
+        for name, part in split_expert_tensor(k, v.detach().to("cpu")):  # stacked experts: one tensor per expert
+            part = part.contiguous()
+            if part.untyped_storage().nbytes() != part.numel() * part.element_size():  # a view of a buffer: own storage
+                part = part.clone()
+            state[family.to_published(name)] = part
     cfg = dict(model.hf_config)
     dtype_name = str(model.dtype).replace("torch.", "")
     for key in ("torch_dtype", "dtype"):

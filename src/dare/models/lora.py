@@ -1,7 +1,9 @@
 """LoRA on any family (peft), adapter-disabled reference scoring, and merge-and-export to the family's layout.
 
-The native modules use the familiar names (``q_proj`` ... ``down_proj``, LLaDA2's fused ``qkv_proj``; MoE experts
-are ``mlp.experts.N.{gate,up,down}_proj``), so one target list covers every family. Adapters are injected in
+The native modules use the familiar names (``q_proj`` ... ``down_proj``, LLaDA2's fused ``qkv_proj``), so one target
+list covers every family. MoE experts are stacked weights (``dare.models.experts``) that peft cannot wrap; with
+``include_experts`` they get the same per-expert adapters of the targeted ``{gate,up,down}_proj`` from dare's own
+``ExpertLoRA``, which every function here handles beside peft's layers. Adapters are injected in
 place (``peft.inject_adapter_in_model``): the model stays a ``DiffusionLM`` with its ``adapter`` and API, and only
 the LoRA weights are trainable. A model whose modules are shared between two paths (DiffusionGemma's encoder and
 decoder) re-points them after any module swap (``model.retie()``), so both modes use the same adapters. LoRA-A is re-initialised from an explicit generator so runs reproduce from their
@@ -11,23 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from typing import Iterable, Optional
 
 import torch
 
+from .experts import PROJECTIONS, GroupedExperts
+
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _tuner_layers(model: torch.nn.Module):
-    from peft.tuners.tuners_utils import BaseTunerLayer
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+def _adapted_layers(model: torch.nn.Module):
+    """peft's layers and adapted stacked experts, in module order."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        BaseTunerLayer = ()
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, BaseTunerLayer) or (isinstance(m, GroupedExperts) and m.lora is not None)]
 
 
 def has_lora(model: torch.nn.Module) -> bool:
-    try:
-        return bool(_tuner_layers(model))
-    except ImportError:
-        return False
+    return bool(_adapted_layers(model))
 
 
 def target_regex(targets: Iterable[str] = DEFAULT_TARGETS, include_experts: bool = True, exclude: Optional[str] = None) -> str:
@@ -47,16 +54,26 @@ def apply_lora(model: torch.nn.Module, r: int = 8, alpha: float = 16.0, dropout:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:
         raise ImportError("LoRA needs the peft package: pip install 'dare[lora]'") from e
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                     target_modules=target_regex(targets, include_experts, getattr(model, "lora_exclude", None)))
+    exclude = getattr(model, "lora_exclude", None)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_regex(targets, include_experts, exclude))
+    # Stacked experts get peft's per-expert adapters on the targeted projections from dare's own layer.
+    projections = [p for p in PROJECTIONS if f"{p}_proj" in set(targets)] if include_experts else []
+    experts = [m for name, m in model.named_modules() if isinstance(m, GroupedExperts)
+               and not (exclude and re.search(exclude, name))] if projections else []
+    for m in experts:
+        m.add_lora(r, alpha, dropout, projections)
     try:
         inject_adapter_in_model(cfg, model)
     except ValueError as e:  # peft: "Target modules ... not found in the base model"
-        raise ValueError(f"lora.target_modules {sorted(set(targets))} matched no module of this {getattr(model, 'family', '')} "
-                         f"model: {e}") from e
+        if not experts:
+            raise ValueError(f"lora.target_modules {sorted(set(targets))} matched no module of this "
+                             f"{getattr(model, 'family', '')} model: {e}") from e
     _retie(model)
     gen = torch.Generator().manual_seed(seed)
-    for name, layer in _tuner_layers(model):
+    for name, layer in _adapted_layers(model):
+        if isinstance(layer, GroupedExperts):
+            layer.lora.init_A(gen)
+            continue
         for a in layer.lora_A.values():
             with torch.no_grad():  # peft's default init, from an explicit generator
                 w = torch.empty(a.weight.shape, dtype=torch.float32)
@@ -74,7 +91,7 @@ def adapters_disabled(model: torch.nn.Module):
     Flips peft's per-layer ``_disable_adapters`` flag directly: ``enable_adapters(False)`` would also change the
     adapters' ``requires_grad``, which must not happen to parameters an optimizer (and FSDP) already hold.
     """
-    layers = [m for _, m in _tuner_layers(model)]
+    layers = [m for _, m in _adapted_layers(model)]
     before = [m._disable_adapters for m in layers]
     try:
         for m in layers:
@@ -87,7 +104,10 @@ def adapters_disabled(model: torch.nn.Module):
 
 def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
     """Fold every adapter into its base weight and put the plain ``nn.Linear`` back (in place)."""
-    for name, layer in _tuner_layers(model):
+    for name, layer in _adapted_layers(model):
+        if isinstance(layer, GroupedExperts):
+            layer.merge_lora()
+            continue
         layer.merge()
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

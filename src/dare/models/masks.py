@@ -54,7 +54,13 @@ class TokenLayout:
 
     @staticmethod
     def cat(parts: list["TokenLayout"]) -> "TokenLayout":
+        """Side by side along the sequence (one row's segments)."""
         return TokenLayout(*(torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("doc", "pos", "seg", "valid")))
+
+    @staticmethod
+    def cat_batch(parts: list["TokenLayout"]) -> "TokenLayout":
+        """One batch of the rows of ``parts`` (same length)."""
+        return TokenLayout(*(torch.cat([getattr(p, f) for p in parts], dim=0) for f in ("doc", "pos", "seg", "valid")))
 
 
 def allowed(q_doc, q_pos, q_seg, k_doc, k_pos, k_seg, k_valid, block_size: Optional[int]):

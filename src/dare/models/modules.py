@@ -14,6 +14,7 @@ from torch import nn
 
 from .arch import ModelArch, MoESpec
 from .cache import KVCache
+from .experts import GroupedExperts, route
 from .fused import FusedProjections
 
 
@@ -342,27 +343,13 @@ class Router(nn.Module):
         return weights, idx, logits
 
 
-def expert_assignments(idx: torch.Tensor, num_experts: int) -> list:
-    """``[(expert, token rows, top-k slots)]`` of the experts that received tokens from the router's ids ``idx``
-    [T, k]. In a ``dare plan`` simulation the router's outputs have no values: there every expert gets the same
-    number of tokens (``dare.plan.simulate.balanced_assignments``, the same for every layer, so made once)."""
-    from ..plan import simulate
-    sim = simulate.active()
-    if sim is not None and simulate.is_fake(idx):
-        sim.assume("MoE routing balanced (every expert the same number of tokens)")
-        return simulate.balanced_assignments(sim, idx.shape[0], idx.shape[1], num_experts, idx.device)
-    hit = torch.zeros(num_experts, dtype=torch.bool, device=idx.device)
-    hit[idx.reshape(-1)] = True
-    return [(e, *torch.nonzero(idx == e, as_tuple=True)) for e in torch.nonzero(hit).flatten().tolist()]
-
-
 class SparseMoE(nn.Module):
     def __init__(self, arch: ModelArch):
         super().__init__()
         spec = arch.moe
         self.spec = spec
         self.gate = Router(arch.hidden_size, spec, arch.router_fp32)
-        self.experts = nn.ModuleList(MLP(arch.hidden_size, spec.intermediate_size, arch.hidden_act) for _ in range(spec.num_experts))
+        self.experts = GroupedExperts(spec.num_experts, arch.hidden_size, spec.intermediate_size)
         if spec.num_shared_experts:
             inter = (spec.shared_intermediate_size or spec.intermediate_size) * spec.num_shared_experts
             self.shared_experts = MLP(arch.hidden_size, inter, arch.hidden_act)
@@ -371,12 +358,11 @@ class SparseMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         weights, idx, _ = self.gate(flat)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(flat)
-        # Loop over experts that received tokens (E is small per layer; tokens are gathered, not padded).
-        for e, tok, slot in expert_assignments(idx, self.spec.num_experts):
-            y = self.experts[e](flat[tok]) * weights[tok, slot, None]
-            out.index_add_(0, tok, y)
+        routing = route(idx, self.spec.num_experts)
+        # Every chosen (token, slot) pair once, grouped by expert; the outputs go back to their token in expert order
+        # (the order a loop over the experts adds them in).
+        y = self.experts(flat[routing.rows], routing) * weights.to(x.dtype).reshape(-1)[routing.order, None]
+        out = torch.zeros_like(flat).index_add_(0, routing.rows, y)
         if self.spec.num_shared_experts:
             out = out + self.shared_experts(flat)
         return out.view(shape)

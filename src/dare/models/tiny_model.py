@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .experts import GroupedExperts
 from .families import get_family
 from .loading import build_model
 from .model import DiffusionLM
@@ -69,7 +70,15 @@ def tiny_config(family: str, tokenizer=None, **overrides) -> tuple[dict, int]:
 
 
 def init_weights(model: nn.Module, std: float = 0.02, generator: Optional[torch.Generator] = None) -> None:
+    # Stacked experts draw expert by expert, as their separate per-expert parameters did (same tiny models).
+    stacked = {id(m.gate_up_proj): m for m in model.modules() if isinstance(m, GroupedExperts)}
+    drawn = {id(m.down_proj) for m in stacked.values()}
     for name, p in model.named_parameters():
+        if id(p) in stacked:
+            stacked[id(p)].init_like_separate(std, generator)
+            continue
+        if id(p) in drawn:
+            continue
         # Norm weights and multiplicative scales (Gemma's router scale / per-expert scale) start at one.
         if re.search(r"norm(_\d+)?\.weight$", name) or name.endswith("scale"):
             nn.init.ones_(p)

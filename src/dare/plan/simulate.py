@@ -11,7 +11,7 @@ real step sees. What cannot be known without weights is answered by a stated ass
 
 - a Python scalar read from a fake tensor (``.item()``, ``bool(...)`` of a loss or a logit): True / 1 / 1.0;
 - ``nonzero`` of a fake tensor: every element selected (the largest shape, an upper bound on memory);
-- MoE routing (``dare.models.modules.expert_assignments``): every expert receives the same number of tokens
+- MoE routing (``dare.models.experts.route``): every expert receives the same number of tokens
   (balanced routing; a real step's imbalance is not modelled);
 - with ``cuda_kernels``, attention (``dare.models.modules.planned_attention``) is CUDA's memory-efficient
   kernel, as on a GPU, instead of the CPU kernel a fake CPU tensor would take.
@@ -47,16 +47,19 @@ def active() -> Optional["Simulation"]:
     return _state["active"]
 
 
-def balanced_assignments(sim: "Simulation", num_tokens: int, top_k: int, num_experts: int, device) -> list:
-    """``[(expert, token rows, top-k slots)]`` that give every expert the same number of tokens (+-1), k distinct
-    experts per token. Cached per shape on ``sim`` as fake tensors: every MoE layer of a pass routes alike, and a
-    real index tensor would be converted to a fake one at each of its uses (most of an expert loop's planning time)."""
+def balanced_routing(sim: "Simulation", num_tokens: int, top_k: int, num_experts: int, device):
+    """``dare.models.experts.Routing`` that gives every expert the same number of tokens (+-1), k distinct experts
+    per token. Made once per shape on ``sim`` (every MoE layer of a pass routes alike) as fake tensors, so they are
+    not converted at each use."""
+    from ..models.experts import Routing
     key = (num_tokens, top_k, num_experts, str(device))
     if key not in sim._routing:
         with _disable_current_modes():
-            idx = (torch.arange(num_tokens * top_k, device=device) % num_experts).view(num_tokens, top_k)
-            sim._routing[key] = [(e, *(sim.fake.from_tensor(t) for t in torch.nonzero(idx == e, as_tuple=True)))
-                                 for e in range(min(num_experts, num_tokens * top_k))]
+            flat = torch.arange(num_tokens * top_k, device=device) % num_experts
+            order = torch.argsort(flat, stable=True)
+            counts = torch.bincount(flat, minlength=num_experts)
+            sim._routing[key] = Routing(*(sim.fake.from_tensor(t) for t in (order, order // top_k, counts)),
+                                        host=tuple(counts.tolist()))
     return sim._routing[key]
 
 
@@ -223,7 +226,7 @@ class Simulation:
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
         self.cuda_kernels = cuda_kernels  # plan the memory of the kernels a GPU runs (``planned_attention``)
         self.assumptions: Counter = Counter()
-        self._routing: dict = {}  # balanced_assignments' cache
+        self._routing: dict = {}  # balanced_routing's cache
         self._stack: Optional[contextlib.ExitStack] = None
 
     def assume(self, what: str) -> None:
