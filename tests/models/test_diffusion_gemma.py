@@ -92,6 +92,48 @@ def test_training_forward_scores_each_block_as_transformers_decodes_it():
         assert (out.hidden_states[:, :P + E] - enc).abs().max() < 1e-5  # encoder rows: the AR loss reads them
 
 
+def _sequential(model, ids, layout, sc_logits=None, sc_mask=None):
+    """transformers' order: every encoder layer over the clean context, then every decoder layer over the canvases."""
+    from transformers.cache_utils import DynamicCache
+    Le, sw = layout.enc_len, model.sliding_window
+    cache = DynamicCache()
+    enc = model.model.encoder(input_ids=ids[:, :Le], attention_mask=layout.encoder_masks(sw), position_ids=layout.enc_pos,
+                              cache=cache).last_hidden_state
+    dec = model.model.decoder(decoder_input_ids=ids[:, Le:], cache=cache, self_conditioning_logits=sc_logits,
+                              self_conditioning_mask=sc_mask, decoder_attention_mask=layout.decoder_masks(sw),
+                              decoder_position_ids=layout.dec_pos).last_hidden_state
+    return torch.cat([enc, dec], 1)
+
+
+def test_paired_layers_equal_transformers_order_with_and_without_checkpointing():
+    """The training forward runs encoder layer i then decoder layer i (so a shared weight's two gradients complete
+    together); its values are transformers' encoder-then-decoder order, self-conditioning included, and a
+    checkpointed pair (recomputed with a cache of its own) gives the same loss and gradients."""
+    model = load_model(FOLDER)
+    g = torch.Generator().manual_seed(3)
+    P, G = 7, 12
+    E = encoded_completion_len(G, 4)
+    ids = torch.randint(2, 128, (2, P + E + G), generator=g)
+    layout = completion_layout(torch.ones(2, P, dtype=torch.bool), G, 4, E)
+    sc = torch.randn(2, G, 128, generator=g)
+    with torch.no_grad():
+        Le = layout.enc_len
+        got = model._encode_decode(ids[:, :Le], layout.encoder_masks(model.sliding_window), layout.enc_pos, ids[:, Le:],
+                                   layout.decoder_masks(model.sliding_window), layout.dec_pos, sc, torch.tensor([True, False]))
+        assert torch.equal(torch.cat(got, 1), _sequential(model, ids, layout, sc, torch.tensor([True, False])))
+    model.train()
+    grads = []
+    for ckpt in (False, True):
+        model.gradient_checkpointing_enable(ckpt)
+        model.zero_grad()
+        h = model(ids, layout=layout, return_hidden=True, compute_logits=False).hidden_states
+        (model.logits_of(h).float().log_softmax(-1)[..., 5].sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 20
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-6, msg=n)
+
+
 def test_left_padding_and_packed_documents_are_exact():
     model = load_model(FOLDER)
     g = torch.Generator().manual_seed(1)

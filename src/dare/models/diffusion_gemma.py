@@ -104,15 +104,13 @@ class DiffusionGemmaLM(nn.Module):
         self.attn_backend = "sdpa"
 
     def gradient_checkpointing_enable(self, enabled: bool = True) -> None:
-        """Checkpoint the decoder layers (transformers' GradientCheckpointingLayer). The encoder layers write the KV
-        cache, which must happen exactly once, so transformers keeps them out of checkpointing."""
+        """Checkpoint encoder layer i and decoder layer i as one unit (``_encode_decode``). transformers checkpoints the
+        decoder layers only: an encoder layer writes the shared KV cache, which a recompute would append twice. A pair
+        recomputed with a cache of its own writes it once (and the encoder's activations, most of a 26B model's, are
+        checkpointed too)."""
         self.gradient_checkpointing = enabled
         for layer in self.model.decoder.layers:
-            layer.gradient_checkpointing = enabled
-            if enabled:
-                from functools import partial
-                from torch.utils.checkpoint import checkpoint
-                layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+            layer.gradient_checkpointing = False  # the pair is the checkpointed unit
 
     def fsdp_units(self) -> list:
         """FSDP2 units: encoder layer i and decoder layer i share their weights, so they are sharded together."""
@@ -164,27 +162,68 @@ class DiffusionGemmaLM(nn.Module):
             # same units crashes its backward). It runs whatever the per-row coins say, so every rank issues the same
             # collectives.
             with torch.no_grad():
-                cache = self._encode_all(enc_ids, enc_masks, layout.enc_pos)
-                first = self._decode(canvas, layout.dec_pos, cache, dec_masks, None, None)
+                _, first = self._encode_decode(enc_ids, enc_masks, layout.enc_pos, canvas, dec_masks, layout.dec_pos,
+                                               None, None)
                 sc_logits = self.logits_of(first).to(self.model.decoder.embed_tokens.weight.dtype)
             sc_mask = layout.self_condition.bool()
-        cache = self._encode_all(enc_ids, enc_masks, layout.enc_pos)
-        enc = cache.encoder_hidden
-        dec = self._decode(canvas, layout.dec_pos, cache, dec_masks, sc_logits, sc_mask)
+        enc, dec = self._encode_decode(enc_ids, enc_masks, layout.enc_pos, canvas, dec_masks, layout.dec_pos, sc_logits, sc_mask)
         h = torch.cat([enc, dec], dim=1)
         logits = None
         if compute_logits:
             logits = self.logits_of(h[logits_rows] if logits_rows is not None else h)
         return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
 
-    def _encode_all(self, ids, masks, positions):
-        """The encoder over the whole clean context; every layer keeps all its keys (the decoder masks pick what each
-        canvas block sees). The final hidden states ride along as ``cache.encoder_hidden``."""
+    def _encode_decode(self, enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, sc_logits, sc_mask):
+        """(encoder, decoder) final hidden states of the differentiated pass, the layers run as pairs: encoder layer i
+        then decoder layer i (which reads only layer i's keys). transformers' own forward runs every encoder layer,
+        then every decoder layer; the values are the same, but the order matters for training. Each shared weight is
+        used twice, and autograd completes its gradient only when both uses are differentiated: in the sequential
+        order it holds every layer's (unsharded, under FSDP2) gradient from the decoder's backward until the encoder's
+        (51 GiB per GPU for the 26B model's full SFT, ``dare plan``). Paired, layer i's gradient completes right after
+        its pair's backward, and FSDP2 reduce-scatters it there."""
         from transformers.cache_utils import DynamicCache
-        cache = DynamicCache()
-        cache.encoder_hidden = self.model.encoder(input_ids=ids, attention_mask=masks, position_ids=positions,
-                                                  cache=cache).last_hidden_state
-        return cache
+        lm, dec = self.model.encoder.language_model, self.model.decoder
+        h_enc = self.model.encoder.get_input_embeddings()(enc_ids)
+        h_dec = self._decoder_inputs(canvas, sc_logits, sc_mask)
+        enc_rope = {t: lm.rotary_emb(h_enc, enc_pos, t) for t in lm.unique_layer_types}
+        dec_rope = {t: dec.rotary_emb(h_dec, dec_pos, t) for t in dec.unique_layer_types}
+        types = self.text_config.layer_types
+        checkpointed = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        # Unconfigured caches keep every key of every layer (the decoder masks pick what each canvas block sees)
+        cache = None if checkpointed else DynamicCache()
+
+        def pair(i, h_enc, h_dec, cache):
+            cache = DynamicCache() if cache is None else cache  # a recompute gets a cache of its own
+            kind = types[i]
+            h_enc = lm.layers[i](h_enc, position_embeddings=enc_rope[kind], attention_mask=enc_masks[kind],
+                                 position_ids=enc_pos, cache=cache)
+            h_dec = dec.layers[i](h_dec, position_embeddings=dec_rope[kind], attention_mask=dec_masks[kind],
+                                  position_ids=dec_pos, cache=cache)
+            return h_enc, h_dec
+
+        for i in range(self.text_config.num_hidden_layers):
+            if checkpointed:
+                from torch.utils.checkpoint import checkpoint
+                h_enc, h_dec = checkpoint(pair, i, h_enc, h_dec, None, use_reentrant=False)
+            else:
+                h_enc, h_dec = pair(i, h_enc, h_dec, cache)
+        return lm.norm(h_enc), dec.norm(h_dec)
+
+    def _decoder_inputs(self, canvas, sc_logits, sc_mask) -> torch.Tensor:
+        """The decoder's input embeddings: the canvas tokens' embeddings combined with the self-conditioning signal
+        (the softmax of the previous pass's logits times the embedding table; zeros without one), as the decoder
+        model computes them."""
+        dec = self.model.decoder
+        table = dec.embed_tokens
+        x = table(canvas)
+        if sc_logits is None:
+            soft = torch.zeros_like(x)
+        else:
+            soft = sc_logits.softmax(dim=-1, dtype=torch.float32).to(table.weight.dtype) @ table.weight
+            soft = soft * table.embed_scale.to(x.dtype)
+            if sc_mask is not None:
+                soft = soft * sc_mask.to(soft.dtype)[:, None, None]
+        return dec.self_conditioning(x, soft)
 
     def _decode(self, canvas, positions, cache, masks, sc_logits, sc_mask) -> torch.Tensor:
         out = self.model.decoder(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc_logits,
