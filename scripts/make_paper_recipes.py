@@ -127,12 +127,13 @@ class Adjust:
     single_block: bool = False  # masked models: one block of gen_length (the method needs every position predicted)
     sampler: dict = field(default_factory=dict)
     merge_blocks_on: tuple = ()  # attention kinds where algorithm.shrink = steps per block (one transition per block)
+    rollout_micro_batch: int = 0  # single-block masked models: prompts per generate() call per rank (0: all at once)
 
 
 ADJUST = {
     "mdpo": Adjust("MDPO rewards every step's whole-answer prediction: single-block rollouts with the trajectory recorded "
                    "(docs/algorithms/mdpo.md); its logit temperature = the rollout temperature (reference)",
-                   single_block=True, sampler={"record_trajectory": True, "block_stop": False}),
+                   single_block=True, sampler={"record_trajectory": True, "block_stop": False}, rollout_micro_batch=1),
     "cj_grpo": Adjust("CJ-GRPO replays every decoding step; on masked models (256 steps) they are merged to one "
                       "transition per block (DARE's step_merge: #blocks forwards), block models replay every step "
                       "(their blocks replay in parallel: steps-per-block forwards); EOSER/ASS off as in DARE's port "
@@ -214,13 +215,21 @@ def build(m: Model, name: str, task_name: str):
         if kind in adjust.merge_blocks_on:
             algo["shrink"] = task.steps // math.ceil(task.gen_length / roll["block_length"])
         notes.append(f"#   {name}: {adjust.why}")
+    # A single 512-token block decodes all its positions in every step: its full-vocabulary logits of 4 prompts x 8
+    # samples per rank took 65 GiB (dare plan, Dream MDPO), so those rollouts decode one prompt's group at a time.
+    chunk = adjust.rollout_micro_batch if adjust and kind != "block_causal" and roll["block_length"] == task.gen_length else 0
+    rollout_chunk = {"micro_batch_size": chunk} if chunk else {}
+    if chunk:
+        notes.append(f"#   rollout.micro_batch_size {chunk}: one prompt's {GROUP_SIZE} samples per generate() call; a "
+                     f"{task.gen_length}-token block's logits of all {BATCH_PROMPTS // GPUS} prompts per rank do not fit "
+                     "80 GB (dare plan)")
     steps = math.ceil(task.rows / BATCH_PROMPTS)
     eval_sampler = sampler(m, kind, task, None, 0.0)  # every method is evaluated with the same greedy decoding
     recipe = {
         "model": {"path": m.path, "dtype": "float32", "gradient_checkpointing": True},
         "algorithm": algo,
         "data": {"dataset": dict(task.dataset)},
-        "rollout": {"group_size": GROUP_SIZE, "sampler": roll},
+        "rollout": {"group_size": GROUP_SIZE, **rollout_chunk, "sampler": roll},
         "reward": {"workers": task.reward_workers},
         "optim": {"lr": 1.0e-6, "betas": [0.9, 0.99], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 10,
                   "grad_clip": 1.0},
