@@ -1,15 +1,17 @@
-"""The lm-evaluation-harness plugin on a tiny model, fully offline, with local YAML tasks."""
+"""The lm-evaluation-harness plugin on a tiny model, fully offline, with local YAML tasks.
+
+lm-eval is part of the dev extra (the test command installs it), so these tests fail rather than skip without it.
+"""
 import json
 
+import lm_eval
 import pytest
 import torch
 
-lm_eval = pytest.importorskip("lm_eval")
-
-from dare.diffusion.noise import derive_seed  # noqa: E402
-from dare.eval import register_lm_eval  # noqa: E402
-from dare.eval.likelihood import elbo_loglikelihood  # noqa: E402
-from dare.rollout import SamplerConfig, generate  # noqa: E402
+from dare.diffusion.noise import derive_seed
+from dare.eval import register_lm_eval
+from dare.eval.likelihood import elbo_loglikelihood
+from dare.rollout import SamplerConfig, generate
 
 MC = [{"question": "2+2=", "choices": ["4", "5", "66"], "label": 0},
       {"question": "3+3=", "choices": ["7", "6", "9"], "label": 1},
