@@ -51,9 +51,11 @@ class _Oracle:
         texts = [self.answers[tuple(p)] for p in prompts for _ in range(n)]
         lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
         mask = torch.nn.utils.rnn.pad_sequence([torch.ones(m) for m in lengths], batch_first=True)
+        # Valid tokens exclude the stop token; no forward count, as a rollout that does not count them.
         return SimpleNamespace(texts=lambda tokenizer: list(texts), completion_mask=mask, num_steps=None,
                                prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
-                               sample_index=torch.arange(n).repeat(len(prompts)))
+                               sample_index=torch.arange(n).repeat(len(prompts)), row_nfe=None,
+                               valid_lengths=lambda: torch.tensor(lengths) - 1)
 
 
 def _oracle(tok, names, template, corrupt=False):

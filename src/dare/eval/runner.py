@@ -19,6 +19,7 @@ from ..diffusion.noise import derive_seed
 from ..rollout import SamplerConfig, generate
 from .benchmarks import Benchmark, resolve_benchmarks
 from .report import summarize, write_results
+from .speed import rollout_speed
 from .store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -109,15 +110,17 @@ def run_benchmark(model, tokenizer, bench: Benchmark, sampler_config: SamplerCon
             sample_index = ro.sample_index.tolist() if ro.sample_index is not None else [0] * len(texts)
             lengths = ro.completion_mask.sum(1).tolist()
             steps = ro.num_steps.tolist() if ro.num_steps is not None else [None] * len(texts)
-            gen_tokens += int(sum(lengths))
+            valid, nfe = rollout_speed(ro)
+            gen_tokens += int(sum(valid))
             examples = [chunk[i].example for i in prompt_index]
             results = score_batch(bench.reward, texts, examples, timeout=opt.reward_timeout, workers=opt.reward_workers)
             store.append({
                 "id": ex["id"], "benchmark": bench.name, "sample": j, "index": ex.get("index"),
                 "prompt": chunk[i].text, "completion": text, "score": float(res.score), "reason": res.reason,
                 "ground_truth": ex["ground_truth"], "completion_tokens": int(length), "steps": step,
-                "seed": seeds[i],
-            } for i, j, ex, text, res, length, step in zip(prompt_index, sample_index, examples, texts, results, lengths, steps))
+                "valid_tokens": v, "nfe": f, "seed": seeds[i],
+            } for i, j, ex, text, res, length, step, v, f in zip(prompt_index, sample_index, examples, texts, results,
+                                                                 lengths, steps, valid, nfe))
             bar.update(len(chunk))
     finally:
         bar.close()
