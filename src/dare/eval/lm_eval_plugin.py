@@ -5,7 +5,8 @@ the model, then ``lm_eval.simple_evaluate(model="dare", model_args="pretrained=P
 or pass a ``DareLM`` instance. ``pip install "dare[eval]"`` provides lm-eval; dare itself never imports it.
 
 * ``generate_until``: ``dare.rollout.generate`` with the configured ``SamplerConfig`` (``max_gen_toks`` sets the
-  generation length, rounded up to whole blocks); text is cut at the first ``until`` string.
+  generation length, rounded up to whole blocks); text is cut at the first ``until`` string. Documents of a task
+  exported by ``dare.eval.lm_eval_tasks`` are decoded with the seed ``dare eval`` uses for them.
 * ``loglikelihood``: the ELBO Monte-Carlo estimate (``mc_num`` samples, prompt clean, stratified mask counts,
   ``L/l`` weights; Dream's shifted logits and block-diffusion layouts handled); ``is_greedy`` from greedy
   low-confidence decoding of the continuation (``greedy_check=False`` skips it and reports False).
@@ -151,6 +152,14 @@ class DareLM(LM):
             changes["temperature"] = float(gen_kwargs["temperature"])
         return dataclasses.replace(cfg, **changes) if changes else cfg
 
+    def _gen_seed(self, request) -> int:
+        """A document exported from a dare benchmark (``dare.eval.lm_eval_tasks``) carries the seed ``dare eval``
+        gives that example, so both harnesses draw the same samples; any other request's seed comes from its text."""
+        doc = getattr(request, "doc", None)
+        if isinstance(doc, dict) and doc.get("dare_seed") is not None:
+            return int(doc["dare_seed"])
+        return derive_seed(self.seed, "lm-eval-gen", request.args[0])
+
     def generate_until(self, requests, disable_tqdm: bool = False):
         from tqdm import tqdm
 
@@ -180,7 +189,7 @@ class DareLM(LM):
                 if self.max_length and len(ids) + cfg.gen_length > self.max_length:
                     ids = ids[-max(1, self.max_length - cfg.gen_length):]
                 prompts.append(ids or self._prefix_token())
-            seeds = [derive_seed(self.seed, "lm-eval-gen", requests[i].args[0]) for i in idx]
+            seeds = [self._gen_seed(requests[i]) for i in idx]
             texts = generate(self.model, prompts, cfg, seeds=seeds).texts(self.tokenizer)
             for i, text in zip(idx, texts):
                 until = (requests[i].args[1] or {}).get("until") or []
