@@ -66,9 +66,12 @@ def frontier_plot(points: list[dict], path: Path, title: str = "") -> Optional[P
             labels: dict = {}  # settings that land on the same point share one label
             for p in pts:
                 labels.setdefault((p["tpf"], p["score"]), []).append(p["setting"].split("=")[-1])
-            for (x, y), names in labels.items():
-                ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8,
-                            color=line.get_color())
+            for k, ((x, y), names) in enumerate(labels.items()):  # alternate above / below: neighbours crowd
+                ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(3, 6 if k % 2 else -12),
+                            fontsize=8, color=line.get_color())
+        tpfs = [p["tpf"] for p in points if p["benchmark"] == bench]
+        if min(tpfs) > 0 and max(tpfs) / min(tpfs) > 8:  # one token per step next to whole-block commits
+            ax.set_xscale("log")
         metric = next(p["metric"] for p in points if p["benchmark"] == bench)
         ax.set_xlabel("tokens per forward (TPF)")
         ax.set_ylabel(f"{bench}: {'accuracy' if metric == 'accuracy' else 'mean reward'} (%)")
