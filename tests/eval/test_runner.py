@@ -173,3 +173,15 @@ def test_summary_best_of_k_and_pass_at_k():
     assert s["best_of_k_mean"] == 0.625 and s["pass_at_k"] == 0.5 and s["accuracy"] == 0.25
     one = summarize(bench, recs[::2], n_examples=2)
     assert one["k"] == 1 and one["best_of_k_mean"] == one["mean_score"] and one["pass_at_k"] == one["accuracy"]
+
+
+def test_samples_per_benchmark_override(tmp_path, tiny_llada, tiny_tok, one_thread):
+    """n_samples_overrides (AIME's repeat-8 in the Table 2 recipes): k samples of that benchmark's examples only."""
+    res = evaluate(tiny_llada, tiny_tok, "sudoku,countdown", SMALL, output_dir=tmp_path, limit=2, template="compact",
+                   n_samples_overrides={"sudoku": 3}, progress=False, reward_workers=1)
+    assert (res["benchmarks"]["sudoku"]["n_samples"], res["benchmarks"]["countdown"]["n_samples"]) == (6, 2)
+    recs = [json.loads(x) for x in (tmp_path / "sudoku.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["sample"]) for r in recs) == [(f"sudoku/test/{i}", j) for i in range(2) for j in range(3)]
+    assert json.loads((tmp_path / "sudoku.meta.json").read_text())["n_samples"] == 3
+    with pytest.raises(ValueError, match="n_samples_overrides"):
+        RunOptions(n_samples_overrides={"aime24": 0})

@@ -89,6 +89,21 @@ def build_config(args, last: tuple = ()):
     return cfg
 
 
+def lm_eval_groups(cfg, sampler) -> list:
+    """[(sampler, fixed_gen_length, [tasks])]: tasks named in ``sampler_overrides`` decode with their own settings
+    (a ``gen_length`` given there is kept whatever the task's max_gen_toks says: a published per-task length)."""
+    from types import SimpleNamespace
+
+    from dare.eval.runner import sampler_for
+
+    groups: dict = {}
+    for task in cfg.lm_eval.tasks:
+        own = sampler_for(SimpleNamespace(name=task), sampler, cfg.sampler_overrides)
+        fixed = "gen_length" in (cfg.sampler_overrides.get(task) or {})
+        groups.setdefault((repr(own), fixed), (own, fixed, []))[2].append(task)
+    return list(groups.values())
+
+
 def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
     """lm-eval tasks through the dare LM plugin; returns {task: summary} in the results-table format."""
     from dare.eval import register_lm_eval
@@ -97,21 +112,21 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    sampler = sampler_for_model(cfg.sampler, model, cfg.model_block_length)
-    lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler, mc_num=cfg.lm_eval.mc_num,
-                mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
-                batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length)
     tm = TaskManager(include_path=cfg.lm_eval.include_path) if cfg.lm_eval.include_path else TaskManager()
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(cfg.lm_eval.tasks), num_fewshot=cfg.lm_eval.num_fewshot,
-                                  limit=cfg.limit, task_manager=tm, apply_chat_template=cfg.lm_eval.apply_chat_template,
-                                  log_samples=False, bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed,
-                                  torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
     summaries = {}
-    for task, metrics in (out or {}).get("results", {}).items():
-        values = {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
-        key = next((m for m in ("acc_norm", "acc", "exact_match", "pass@1") if m in values), next(iter(values), None))
-        summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
-                           "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
+    for sampler, fixed, tasks in lm_eval_groups(cfg, sampler_for_model(cfg.sampler, model, cfg.model_block_length)):
+        lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler, mc_num=cfg.lm_eval.mc_num,
+                    mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
+                    batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length, fixed_gen_length=fixed)
+        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=cfg.lm_eval.num_fewshot, limit=cfg.limit,
+                                      task_manager=tm, apply_chat_template=cfg.lm_eval.apply_chat_template,
+                                      log_samples=False, bootstrap_iters=0, random_seed=cfg.seed,
+                                      numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+        for task, metrics in (out or {}).get("results", {}).items():
+            values = {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+            key = next((m for m in ("acc_norm", "acc", "exact_match", "pass@1") if m in values), next(iter(values), None))
+            summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
+                               "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
     return summaries
 
 

@@ -5,7 +5,8 @@ the model, then ``lm_eval.simple_evaluate(model="dare", model_args="pretrained=P
 or pass a ``DareLM`` instance. ``pip install "dare[eval]"`` provides lm-eval; dare itself never imports it.
 
 * ``generate_until``: ``dare.rollout.generate`` with the configured ``SamplerConfig`` (``max_gen_toks`` sets the
-  generation length, rounded up to whole blocks); text is cut at the first ``until`` string. Documents of a task
+  generation length, rounded up to whole blocks, unless ``fixed_gen_length``); text is cut at the first ``until``
+  string. Documents of a task
   exported by ``dare.eval.lm_eval_tasks`` are decoded with the seed ``dare eval`` uses for them.
 * ``loglikelihood``: the ELBO Monte-Carlo estimate (``mc_num`` samples, prompt clean, stratified mask counts,
   ``L/l`` weights; Dream's shifted logits and block-diffusion layouts handled); ``is_greedy`` from greedy
@@ -41,7 +42,7 @@ class DareLM(LM):
     def __init__(self, pretrained: Optional[str] = None, model=None, tokenizer=None, *, dtype: Optional[str] = None,
                  device: Optional[str] = None, mask_token_id: Optional[int] = None, mc_num: int = 32,
                  mc_batch_size: int = 32, greedy_check: bool = True, seed: int = 0, batch_size=1,
-                 max_length: Optional[int] = None, add_bos_token: bool = False,
+                 max_length: Optional[int] = None, add_bos_token: bool = False, fixed_gen_length: bool = False,
                  sampler: Optional[SamplerConfig] = None, **sampler_kwargs):
         super().__init__()
         unknown = set(sampler_kwargs) - _SAMPLER_FIELDS
@@ -63,6 +64,9 @@ class DareLM(LM):
         self.batch_size = 1 if str(batch_size).startswith("auto") else int(batch_size)
         self.max_length = int(max_length) if max_length else None
         self.add_bos_token = _as_bool(add_bos_token)
+        # A recipe that publishes a generation length per task (DARE's Table 2 settings) keeps it whatever the
+        # task's max_gen_toks says.
+        self.fixed_gen_length = _as_bool(fixed_gen_length)
         self._device = model.device
 
     # --- chat support (lm-eval --apply_chat_template) ---------------------------------------------
@@ -141,7 +145,7 @@ class DareLM(LM):
         cfg = self.sampler
         changes = {}
         max_toks = gen_kwargs.get("max_gen_toks")
-        if max_toks:
+        if max_toks and not self.fixed_gen_length:
             block = cfg.block_length
             length = int(math.ceil(int(max_toks) / block) * block)
             if length != cfg.gen_length:
