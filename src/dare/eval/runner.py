@@ -50,11 +50,11 @@ class RunOptions:
         if self.batch_size < 1 or self.n_samples < 1 or any(int(k) < 1 for k in self.n_samples_overrides.values()):
             raise ValueError(f"batch_size and n_samples must be >= 1 (got {self.batch_size}, {self.n_samples}, "
                              f"n_samples_overrides {self.n_samples_overrides})")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (leave it unset for every example), got {self.limit}")
 
     def samples_for(self, benchmark: str) -> int:
         return int(self.n_samples_overrides.get(benchmark, self.n_samples))
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1 (leave it unset for every example), got {self.limit}")
 
 
 def sampler_for(bench: Benchmark, base: SamplerConfig, overrides: dict) -> SamplerConfig:
