@@ -127,6 +127,11 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
             key = next((m for m in ("acc_norm", "acc", "exact_match", "pass@1") if m in values), next(iter(values), None))
             summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
                                "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
+            c = lm.speed.get(task)
+            if c and c["samples"]:  # generative tasks: NFE per sample, TPF and tokens/s as for built-in benchmarks
+                summaries[task].update(nfe_per_sample=round(c["nfe"] / c["samples"], 3),
+                                       tpf=round(c["valid_tokens"] / c["nfe"], 4) if c["nfe"] else None,
+                                       tokens_per_second=round(c["valid_tokens"] / c["seconds"], 2) if c["seconds"] else None)
     return summaries
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Optional
 
 import torch
@@ -28,6 +29,7 @@ from lm_eval.api.registry import register_model
 from ..diffusion.noise import derive_seed
 from ..rollout import SamplerConfig, generate
 from .likelihood import elbo_loglikelihood, greedy_matches
+from .speed import rollout_speed
 
 log = logging.getLogger(__name__)
 _SAMPLER_FIELDS = {f.name for f in dataclasses.fields(SamplerConfig)}
@@ -67,6 +69,8 @@ class DareLM(LM):
         # A recipe that publishes a generation length per task (DARE's Table 2 settings) keeps it whatever the
         # task's max_gen_toks says.
         self.fixed_gen_length = _as_bool(fixed_gen_length)
+        # task -> {samples, nfe, valid_tokens, seconds} of generate_until requests (speed beside the score)
+        self.speed: dict[str, dict] = {}
         self._device = model.device
 
     # --- chat support (lm-eval --apply_chat_template) ---------------------------------------------
@@ -194,7 +198,18 @@ class DareLM(LM):
                     ids = ids[-max(1, self.max_length - cfg.gen_length):]
                 prompts.append(ids or self._prefix_token())
             seeds = [self._gen_seed(requests[i]) for i in idx]
-            texts = generate(self.model, prompts, cfg, seeds=seeds).texts(self.tokenizer)
+            t0 = time.perf_counter()
+            ro = generate(self.model, prompts, cfg, seeds=seeds)
+            seconds = time.perf_counter() - t0
+            texts = ro.texts(self.tokenizer)
+            for i, valid, nfe in zip(idx, *rollout_speed(ro)):
+                # Counted per task (lm-eval's Instance.task_name); a batch's time is shared out by rows.
+                c = self.speed.setdefault(getattr(requests[i], "task_name", None) or "?", dict.fromkeys(
+                    ("samples", "nfe", "valid_tokens", "seconds"), 0))
+                c["samples"] += 1
+                c["nfe"] += int(nfe)
+                c["valid_tokens"] += int(valid)
+                c["seconds"] += seconds / len(idx)
             for i, text in zip(idx, texts):
                 until = (requests[i].args[1] or {}).get("until") or []
                 for stop in [until] if isinstance(until, str) else until:
