@@ -125,3 +125,28 @@ def test_dare_train_on_a_60_mb_row_stops_in_one_line_with_bounded_memory(tmp_pat
     assert len(lines[-1]) < 1000
     # Reading the 60 MB line costs a few copies of it; tokenizing it would have cost ~24 GB.
     assert peak_kib < 2 << 20, f"peak RSS {peak_kib} KiB"
+
+
+def test_a_smaller_tokenizer_with_other_special_ids_is_named_with_the_model(tmp_path, caplog):
+    import logging
+
+    from dare.config.recipe import ModelSection
+    from dare.eval.models import load_for_eval
+    from dare.trainer.model_setup import load_policy
+    from tests.conftest import FIXTURES
+
+    model_dir = FIXTURES / "llada-tiny"  # 512 ids, EOS 501, mask 500; the tiny tokenizer: 128 tokens, EOS 1, mask 2
+    with caplog.at_level(logging.WARNING):
+        load_policy(ModelSection(path=str(model_dir), tokenizer="tiny"))
+    assert (f"the tokenizer tiny (128 tokens) is smaller than the model {model_dir} (512 ids) and has other special "
+            "ids (EOS 1 vs 501, mask 2 vs 500, pad 1 vs 501" in caplog.text)
+    caplog.clear()
+    tiny_tokenizer().save_pretrained(tmp_path / "tok")
+    with caplog.at_level(logging.WARNING):
+        load_for_eval(str(model_dir), tokenizer=str(tmp_path / "tok"), device="cpu")
+    assert f"the tokenizer {tmp_path / 'tok'} (128 tokens) is smaller than the model {model_dir}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        load_policy(ModelSection(path="tiny:llada"))  # its own tokenizer: nothing to say
+        load_for_eval("tiny:llada", device="cpu")
+    assert "smaller than the model" not in caplog.text
