@@ -171,3 +171,32 @@ def test_frames_are_bounded(tmp_path):
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+# ------------------------------------------------------------------------------ bundled tests are self-contained
+# Classes a task asks the program to write, which its tests construct (the only names a test may take from it besides
+# the entry point). Anything else a test reads must be its own, a builtin or a standard-library module.
+TASK_CLASSES = {"mbpp/test/356": {"Node"}}
+
+
+@pytest.mark.parametrize("name", ["mbpp", "humaneval"])
+def test_every_bundled_test_defines_the_names_it_reads(name):
+    import builtins
+    import sys
+
+    from dare.data import DataConfig, load_examples
+    from dare.rewards.code_reward import infer_entry_point
+    from dare.rewards.sandbox_child import _names_used
+
+    missing = {}
+    for ex in load_examples(DataConfig(name=name, split="test")):
+        gt = ex["ground_truth"]
+        read, defined = _names_used(gt["tests"])
+        if gt.get("prefix"):
+            defined |= _names_used(gt["prefix"])[1]
+        entry = gt["entry_point"] or infer_entry_point(gt["tests"])
+        outside = {n for n in read - defined - {entry} - TASK_CLASSES.get(ex["id"], set())
+                   if not hasattr(builtins, n) and n not in sys.stdlib_module_names}
+        if outside:
+            missing[ex["id"]] = sorted(outside)
+    assert missing == {}

@@ -296,7 +296,7 @@ def _serve(request, namespace, handles):
             return ("absent",)
         value = namespace[args[0]]
         if type(value).__name__ == "module":
-            return ("module", str(getattr(value, "__name__", "")))
+            return ("absent",)  # the judge imports standard-library modules itself, never one the program names
         return ("callable",) if callable(value) else ("value", value)
     target = namespace[args[0]] if op == "call" and type(args[0]) is str else handles[args[0]]
     resolve = handles.__getitem__
@@ -311,23 +311,31 @@ def _serve(request, namespace, handles):
     return {"iter": list, "len": len, "str": str, "repr": repr, "bool": bool}[op](target)
 
 
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
+
+
 class _Link:
     """The judge's end of the channel: one request, one answer made of data."""
 
     def __init__(self, req_fd, resp_fd):
         self.req_fd, self.resp_fd = req_fd, resp_fd
 
-    def ask(self, *request):
+    def ask(self, *request, reached=False):
+        """The candidate's answer to ``request`` as data; ``reached``: handles in it were reached through an attribute
+        or item of a candidate object (a method, say), so the tests may not call them."""
         send_frame(self.req_fd, list(request))
         reply = recv_frame(self.resp_fd)
         if reply is None:
             raise RuntimeError("the candidate program exited while a test was calling it")
         if type(reply) is list and len(reply) == 2 and reply[0] == "ok":
-            return decode_value(reply[1], self.handle)
+            return decode_value(reply[1], self.reached_handle if reached else self.handle)
         if type(reply) is list and len(reply) == 3 and reply[0] == "raise" and all(type(v) is str for v in reply[1:]):
             import builtins
             exc, message = getattr(builtins, reply[1], None), reply[2][:500]
-            if not (isinstance(exc, type) and issubclass(exc, Exception)):
+            # The candidate's exception is a failed call: one that steers the judge's control flow (a StopIteration
+            # ends the ``map`` it was raised in, so ``all(map(...))`` would see no item) becomes a RuntimeError.
+            if not (isinstance(exc, type) and issubclass(exc, Exception)) or issubclass(exc, _CONTROL_FLOW):
+                message = f"{reply[1]}: {message}"
                 exc = RuntimeError
             try:
                 error = exc(message)
@@ -338,6 +346,9 @@ class _Link:
 
     def handle(self, key):
         return _Handle(self, key)
+
+    def reached_handle(self, key):
+        return _Handle(self, key, callable_=False)
 
 
 def _arg(value):
@@ -374,24 +385,32 @@ class _Remote:
 
 class _Handle:
     """A candidate object that is not data (a class instance, a generator, ...). Equal only to itself; calls,
-    iteration, ``len``, ``str``, truth, attributes and items are asked of the candidate and answered as data."""
+    iteration, ``len``, ``str``, truth, attributes and items are asked of the candidate and answered as data.
 
-    def __init__(self, link, key):
+    Attributes and items give data (``root.left.data``) or further handles, but a handle reached that way cannot be
+    called: ``candidate('hello').startswith('olleh')`` means ``str.startswith`` run on a returned str (which arrives
+    as data, so it runs here); on an object of the candidate it would be the candidate's own method answering."""
+
+    def __init__(self, link, key, callable_=True):
         object.__setattr__(self, "_link", link)
         object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_callable", callable_)
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return self._link.ask("getattr", self._key, name)
+        return self._link.ask("getattr", self._key, name, reached=True)
 
     def __setattr__(self, name, value):
         self._link.ask("setattr", self._key, name, _arg(value))
 
     def __getitem__(self, key):
-        return self._link.ask("getitem", self._key, _arg(key))
+        return self._link.ask("getitem", self._key, _arg(key), reached=True)
 
     def __call__(self, *args, **kwargs):
+        if not self._callable:
+            raise TypeError("a method or item of a candidate object cannot be called by the tests: only the program's "
+                            "functions and classes, and functions they return, are candidate code")
         return _call(self._link, self._key, args, kwargs)
 
     def __iter__(self):
@@ -422,14 +441,47 @@ class _Handle:
         return value
 
 
-def _names_read(source):
+def _names_used(source):
+    """(names the code reads, names it defines anywhere: assignments, defs, classes, imports, arguments)."""
     import ast
-    return sorted({node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)})
+    read, defined = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+    return read, defined
+
+
+def _is_stdlib_module(name):
+    names = getattr(sys, "stdlib_module_names", None)  # Python 3.10+
+    if names is not None:
+        return name in names
+    import importlib.util
+    try:  # the judge runs with -I -S: whatever it can import is the standard library
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _bind(link, namespace, names):
+    """Bind the names the tests take from outside themselves. A standard-library module name is imported here (MBPP
+    tests use ``math.isclose`` without importing it): never the candidate's object of that name, and never a module
+    the candidate names. Anything else is the candidate's: a function or class becomes a proxy, a constant data."""
     import importlib
     for name in names:
+        if _is_stdlib_module(name):
+            try:
+                namespace[name] = importlib.import_module(name)
+            except ImportError:
+                pass
+            continue
         kind = link.ask("lookup", name)
         if type(kind) is not tuple or not kind or type(kind[0]) is not str:
             continue
@@ -437,11 +489,6 @@ def _bind(link, namespace, names):
             namespace[name] = _Remote(link, name)
         elif kind[0] == "value" and len(kind) == 2:
             namespace[name] = kind[1]
-        elif kind[0] == "module" and len(kind) == 2 and type(kind[1]) is str and kind[1]:
-            try:  # the judge runs with -I -S: only the standard library is importable
-                namespace[name] = importlib.import_module(kind[1])
-            except ImportError:
-                pass
 
 
 def role_judge(argv):
@@ -467,10 +514,17 @@ def role_judge(argv):
         prefix_code = None  # not runnable on its own (it ends inside a statement): the candidate supplies it all
     if prefix_code is not None:
         exec(prefix_code, namespace)  # trusted: the task's own helpers (HumanEval's poly, encode_cyclic, ...)
-    wanted = {n for n in _names_read(tests) if n not in namespace and not hasattr(builtins, n)}
-    if entry:
-        wanted.add(entry)  # the prefix's stub of the entry point is replaced by the candidate's function
-    _bind(_Link(req_fd, resp_fd), namespace, sorted(wanted))
+    read, defined = _names_used(tests)
+    # The tests' own names (their setup code, loop variables, helpers) are never looked up in the candidate.
+    wanted = {n for n in read - defined if n not in namespace and not hasattr(builtins, n)}
+    link = _Link(req_fd, resp_fd)
+    _bind(link, namespace, sorted(wanted - {entry}))
+    if entry:  # the prefix's stub of the entry point is replaced by the candidate's function, whatever its name
+        kind = link.ask("lookup", entry)
+        if kind == ("callable",):
+            namespace[entry] = _Remote(link, entry)
+        else:
+            namespace.pop(entry, None)
     exec(compile(tests, "tests.py", "exec"), namespace)
     os.write(token_fd, token)
     return 0
