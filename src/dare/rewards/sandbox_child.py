@@ -207,16 +207,17 @@ def recv_frame(fd, limit=MAX_FRAME):
 # ------------------------------------------------------------------------------------------------ roles
 def _set_limits(mem, cpu, fsize, nofile, extra):
     import resource
-    uid, running = os.getuid(), 0
-    for name in os.listdir("/proc"):
+    uid, running = os.getuid(), 0 if os.path.isdir("/proc/self") else 1  # a sandbox without /proc: this process
+    for name in os.listdir("/proc") if running == 0 else ():
         if name.isdigit():
             try:
                 running += os.stat("/proc/" + name).st_uid == uid
             except OSError:
                 pass
+    # No POSIX message queues (RLIMIT_MSGQUEUE 0): they would outlive the sample in the fallback's IPC namespace.
     for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
                        (resource.RLIMIT_NOFILE, nofile), (resource.RLIMIT_NPROC, running + extra),
-                       (resource.RLIMIT_CORE, 0)):
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_MSGQUEUE, 0)):
         resource.setrlimit(res, (value, value))
 
 
@@ -275,6 +276,11 @@ def role_candidate(argv):
         traceback.print_exc()
         send_frame(resp_fd, ["failed"] + _describe(e))
         return 1
+    for stream in (sys.stdout, sys.stderr):  # what the program printed shows in the result even if it is killed later
+        try:
+            stream.flush()
+        except Exception:
+            pass
     send_frame(resp_fd, ["ready"])
     handles = {}
     while True:
@@ -532,5 +538,16 @@ def role_judge(argv):
 
 ROLES = {"run": role_run, "candidate": role_candidate, "judge": role_judge}
 
+
+def main():
+    """The bootstrap: the first stdin line is the view to build (under unshare; ``enter_view`` comes from
+    ``sandbox_mounts.py``, prepended to this source) or null; then the role runs with the rest of stdin."""
+    view = json.loads(sys.stdin.buffer.readline() or b"null")
+    if view:
+        enter_view(view)  # noqa: F821  (defined by the prepended sandbox_mounts source)
+    os.umask(0o077)  # in the fallback, files in shared directories stay private to this sample's uid
+    return ROLES[sys.argv[1]](sys.argv[2:]) or 0
+
+
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ROLES:
-    sys.exit(ROLES[sys.argv[1]](sys.argv[2:]) or 0)
+    sys.exit(main())
