@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 import dare
-from dare.rewards import SandboxLimits, available_isolations, detect_isolation, get_reward, set_code_limits
-from dare.rewards.code_reward import code_limits
+from dare.rewards import SandboxLimits, available_isolations, detect_isolation, get_reward
 from dare.rewards.sandbox import _UID_BASE, _UID_SLOTS
 
 HUMANEVAL = Path(dare.__file__).parent / "assets" / "data" / "human-eval" / "HumanEval.jsonl.gz"
@@ -17,14 +16,6 @@ MODES = available_isolations()
 code = get_reward("code")
 # Short limits keep each hostile case within a few seconds.
 HOSTILE_LIMITS = SandboxLimits(timeout=2.0, memory_bytes=256 << 20, max_processes=12, max_output=64 << 10)
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    previous = code_limits()
-    set_code_limits(HOSTILE_LIMITS, request.param)
-    yield request.param
-    set_code_limits(*previous)
 
 
 def needs_containment(mode, what):

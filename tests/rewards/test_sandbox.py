@@ -23,9 +23,9 @@ from dare.rewards import (
 )
 from dare.rewards.sandbox import _UID_BASE, _UID_SLOTS
 
-from tests.rewards.sandbox_battery import (  # noqa: F401  (mode is a fixture)
+from tests.rewards.sandbox_battery import (
     ESCAPED, HOSTILE_LIMITS, HUMANEVAL, IS_ROOT, MODES, assert_nothing_left, assert_sandbox_still_works, code, example,
-    leftovers, mode, needs_containment,
+    needs_containment,
 )
 
 

@@ -18,8 +18,8 @@ import pytest
 
 import dare
 from dare.rewards import SandboxLimits, run_judged
-from tests.rewards.sandbox_battery import (  # noqa: F401  (mode is a fixture)
-    ESCAPED, HOSTILE_LIMITS, HUMANEVAL, IS_ROOT, assert_nothing_left, assert_sandbox_still_works, code, example, mode,
+from tests.rewards.sandbox_battery import (
+    ESCAPED, HOSTILE_LIMITS, HUMANEVAL, assert_nothing_left, assert_sandbox_still_works, code, example,
     needs_containment,
 )
 
@@ -158,6 +158,31 @@ def escaped():
     second = results["second"]
     assert not second.passed, "a sample read another's scratch, or its scratch was not empty"
     assert second.reason.endswith("AssertionError"), second.output[-500:]  # it ran, and found nothing
+
+
+def test_the_scratch_is_capped(mode):
+    no_file_system_isolation(mode)
+    from dare.rewards.sandbox_host import bwrap_sizes_tmpfs
+    if mode == "bwrap" and not bwrap_sizes_tmpfs():
+        pytest.skip("this bubblewrap has no --size: its scratch tmpfs is not capped (documented)")
+    limits = SandboxLimits(timeout=10.0, memory_bytes=256 << 20, scratch_bytes=8 << 20)
+    program = """
+import os
+written = 0
+for place in ("/tmp", "/dev/shm"):
+    for i in range(64):
+        try:
+            with open(os.path.join(place, f"fill-{i}"), "wb") as f:
+                f.write(b"x" * (1 << 20))
+            written += 1 << 20
+        except OSError:
+            break
+print("written", written, flush=True)
+def escaped():
+    return written > 2 * (8 << 20) + (1 << 20)
+"""
+    result = run_judged(program, "assert escaped() is True\n", limits=limits, isolation=mode)
+    assert not result.passed and "written" in result.output, result.output[-500:]
 
 
 # ------------------------------------------------------------------------------------------------ the view

@@ -470,12 +470,18 @@ def _probe(isolation: str, drop_uid: bool) -> bool:
         return False
     try:
         result = _run("import json, socket\n", SandboxLimits(timeout=20.0), isolation, drop_uid)
-    except (OSError, RuntimeError) as err:
-        log.info("sandbox isolation %s unavailable: %s", isolation, err)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        result, why = None, str(err)
+    else:
+        why = result.output.strip()[-300:]
+    if result is None or not result.passed:
+        # Installed but not working (no user namespaces, a view this system cannot build): a weaker mode is used,
+        # so say so loudly.
+        level = logging.INFO if isolation == "none" else logging.WARNING
+        log.log(level, "sandbox isolation %s is installed but does not work here (a weaker mode will be used): %s",
+                isolation, why)
         return False
-    if not result.passed:
-        log.info("sandbox isolation %s unavailable: %s", isolation, result.output.strip()[-300:])
-    return result.passed
+    return True
 
 
 def detect_isolation() -> tuple[str, bool]:

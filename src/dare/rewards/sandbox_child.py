@@ -3,24 +3,33 @@
 It is an ordinary module too (the parent imports the wire codec from it, and tests exercise it), but it must stay
 runnable by a bare interpreter: standard library only, Python 3.8+ (a dropped uid may get the system python3).
 
-Roles (limits are ``mem cpu fsize nofile extra_procs``):
+Stdin starts with one line: the view to build under ``unshare`` (``sandbox_mounts.enter_view``, whose source is
+prepended to this one) or ``null``; the role's own input follows. Roles (limits are ``mem cpu fsize nofile
+extra_procs``):
 
 ``run``        ``token_fd LIMITS program``: run one program; its own file holds everything (``run_python``).
 ``candidate``  ``req_fd resp_fd LIMITS program``: run the model's program (prefix + extracted code, *no tests*),
                then serve calls into it: every request and every answer is a frame of data (see below).
 ``judge``      ``token_fd req_fd resp_fd LIMITS``; stdin: the token line, then the JSON spec ``{prefix, tests,
-               entry_point}``. Runs trusted code only: the task's prefix and tests, with every name the tests take
-               from the candidate bound to a proxy that calls across the boundary and gets data back.
+               entry_point}``. Runs trusted code only: the task's prefix and tests. A name the tests read is their
+               own, a builtin, a standard-library module (imported here), or the candidate's function or class,
+               bound to a proxy that calls across the boundary and gets data back; never a candidate value.
 
 Wire format: a frame is a 4-byte big-endian length and a JSON document; values are tagged trees (``encode_value``)
 that ``decode_value`` turns into *fresh* objects of exact builtin (and a few standard-library value) types. A value
 of any other type stays in the candidate and crosses as a handle, which the judge can only pass back, iterate,
-measure, print, test for truth or call, each answer again as data. Nothing the candidate sends can run code in the
-judge, and nothing in the judge (its token, its files, its memory) is reachable from the candidate's process.
+measure, print, test for truth, read attributes or items of, or call (a handle returned by a call; never one reached
+through an attribute or item, such as a method), each answer again as data. An exception the candidate raises comes
+back as the builtin of its name (a StopIteration as a RuntimeError: it must not end the judge's loops). Nothing the
+candidate sends can run code in the judge, and nothing in the judge (its token, its files, its memory) is reachable
+from the candidate's process.
 """
 import json
 import os
 import sys
+
+if __name__ != "__main__":  # imported as a module; as the bootstrap, the prepended sandbox_mounts source defines it
+    from .sandbox_mounts import enter_view
 
 MAX_FRAME = 16 << 20  # bytes of one JSON frame the judge accepts from the candidate
 MAX_DEPTH = 100  # nesting of encoded values
@@ -301,9 +310,9 @@ def _serve(request, namespace, handles):
         if args[0] not in namespace:
             return ("absent",)
         value = namespace[args[0]]
-        if type(value).__name__ == "module":
-            return ("absent",)  # the judge imports standard-library modules itself, never one the program names
-        return ("callable",) if callable(value) else ("value", value)
+        if type(value).__name__ == "module" or not callable(value):
+            return ("absent",)  # the judge imports modules itself and builds the tests' values itself
+        return ("callable",)
     target = namespace[args[0]] if op == "call" and type(args[0]) is str else handles[args[0]]
     resolve = handles.__getitem__
     if op == "call":
@@ -479,7 +488,8 @@ def _is_stdlib_module(name):
 def _bind(link, namespace, names):
     """Bind the names the tests take from outside themselves. A standard-library module name is imported here (MBPP
     tests use ``math.isclose`` without importing it): never the candidate's object of that name, and never a module
-    the candidate names. Anything else is the candidate's: a function or class becomes a proxy, a constant data."""
+    the candidate names. Otherwise only the candidate's functions and classes are bound (as proxies): a value the
+    tests read but do not build would let the candidate choose the tests' inputs, so it stays unbound (NameError)."""
     import importlib
     for name in names:
         if _is_stdlib_module(name):
@@ -493,8 +503,6 @@ def _bind(link, namespace, names):
             continue
         if kind[0] == "callable":
             namespace[name] = _Remote(link, name)
-        elif kind[0] == "value" and len(kind) == 2:
-            namespace[name] = kind[1]
 
 
 def role_judge(argv):
@@ -544,7 +552,7 @@ def main():
     ``sandbox_mounts.py``, prepended to this source) or null; then the role runs with the rest of stdin."""
     view = json.loads(sys.stdin.buffer.readline() or b"null")
     if view:
-        enter_view(view)  # noqa: F821  (defined by the prepended sandbox_mounts source)
+        enter_view(view)
     os.umask(0o077)  # in the fallback, files in shared directories stay private to this sample's uid
     return ROLES[sys.argv[1]](sys.argv[2:]) or 0
 

@@ -115,15 +115,15 @@ def _elf_interpreter(binary: str) -> Optional[str]:
             else:
                 phoff, = struct.unpack_from(order + "I", head, 28)
                 phentsize, phnum = struct.unpack_from(order + "HH", head, 42)
+            # Program header fields: p_type, then p_offset and p_filesz at their class's offsets.
+            offset_at, size_at, word = (8, 32, "Q") if wide else (4, 16, "I")
             for i in range(min(phnum, 256)):
                 f.seek(phoff + i * phentsize)
                 entry = f.read(phentsize)
                 if struct.unpack_from(order + "I", entry, 0)[0] != 3:  # PT_INTERP
                     continue
-                offset, size = (struct.unpack_from(order + "QQ", entry, 8) if wide else
-                                (struct.unpack_from(order + "I", entry, 4)[0], struct.unpack_from(order + "I", entry, 16)[0]))
-                if wide:
-                    size = struct.unpack_from(order + "Q", entry, 32)[0]
+                offset, = struct.unpack_from(order + word, entry, offset_at)
+                size, = struct.unpack_from(order + word, entry, size_at)
                 f.seek(offset)
                 return f.read(min(size, 4096)).split(b"\0")[0].decode() or None
     except (OSError, struct.error, UnicodeDecodeError):
