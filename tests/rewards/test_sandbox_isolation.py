@@ -285,3 +285,32 @@ def escaped():
         bystander.wait()
     assert_nothing_left()
     assert_sandbox_still_works()
+
+
+def test_no_secret_is_on_any_command_line(mode, monkeypatch):
+    """The judge's token and the tests reach the sandbox on stdin: a host process reading every command line (what a
+    fallback sandbox, or anyone on the machine, can read) finds neither."""
+    token = "5ec7e7" * 5 + "00"
+    monkeypatch.setattr("dare.rewards.sandbox.secrets.token_hex", lambda n: token)
+    seen, stop = [], threading.Event()
+
+    def scan():
+        while not stop.is_set():
+            for pid in os.listdir("/proc"):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if token.encode() in cmdline or b"expected-answer-7d1" in cmdline:
+                    seen.append(pid)
+            time.sleep(0.01)
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        result = run_judged("import time\ntime.sleep(1.0)\ndef f():\n    return 1\n",
+                            "assert f() == 1  # expected-answer-7d1\n", limits=HOSTILE_LIMITS, isolation=mode)
+    finally:
+        stop.set()
+        scanner.join()
+    assert result.passed and seen == []

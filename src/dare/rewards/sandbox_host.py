@@ -73,11 +73,14 @@ def interpreter_view(python: str) -> View:
 
 def _measure(python: str) -> View:
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-    done = subprocess.run([python, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL, cwd="/")
-    if done.returncode != 0:
+    try:
+        done = subprocess.run([python, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=120, env=env,
+                              stdin=subprocess.DEVNULL, cwd="/")
+        info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as err:
+        raise RuntimeError(f"cannot measure the sandbox interpreter {python}: {err}") from None
+    if info is None:
         raise RuntimeError(f"cannot measure the sandbox interpreter {python}: {done.stderr.strip()[-300:]}")
-    info = json.loads(done.stdout.strip().splitlines()[-1])
     binds: set[str] = set()
     links: dict[str, str] = {}
     stdlib_dirs = [p for p in info["path"] if os.path.isdir(p)]
