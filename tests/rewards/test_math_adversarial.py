@@ -123,8 +123,9 @@ def test_the_math_reward_refuses_to_run_without_math_verify(monkeypatch):
     math_module._math_verify.cache_clear()
     monkeypatch.setitem(sys.modules, "math_verify", None)  # import math_verify -> ImportError
     try:
-        with pytest.raises(ImportError, match=r"pip install 'math-verify"):
-            math_reward("\\boxed{10^3}", ex("1000"))
+        for answer in ("\\boxed{10^3}", "\\boxed{1000}"):  # whether or not the strings alone would settle it
+            with pytest.raises(ImportError, match=r"pip install 'math-verify"):
+                math_reward(answer, ex("1000"))
     finally:
         math_module._math_verify.cache_clear()
 

@@ -158,6 +158,7 @@ def gold_answer(example: dict) -> str:
 @register_reward("math")
 def math_reward(completion: str, example: dict) -> float:
     """1.0 if the completion's final answer equals ``ground_truth``, else 0.0."""
+    _math_verify()  # refuse to grade at all without it, not only on answers the strings cannot settle
     gold = gold_answer(example)
     prediction = extract_answer(completion, allow_last_number=allows_last_number(example))
     return 1.0 if answers_equivalent(prediction, gold) else 0.0
