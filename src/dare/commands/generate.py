@@ -92,6 +92,9 @@ def _load(args, need_tokenizer: bool):
             model = load_model(args.model, dtype=args.dtype, mask_token_id=tok.mask_token_id)
     else:
         model = load_model(args.model, dtype=args.dtype, mask_token_id=mask_id)
+    if tok is not None:
+        from dare.trainer.model_setup import warn_if_foreign_tokenizer
+        warn_if_foreign_tokenizer(model, tok, tok_path, args.model)
     return model.to(device).eval(), tok
 
 

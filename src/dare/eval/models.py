@@ -69,4 +69,6 @@ def load_for_eval(spec: str, *, dtype: Optional[str] = None, device: Optional[st
                 model = load_model(spec, dtype=dtype, mask_token_id=tok.mask_token_id)
         else:
             model = load_model(spec, dtype=dtype, mask_token_id=mask_token_id)
+        from ..trainer.model_setup import warn_if_foreign_tokenizer
+        warn_if_foreign_tokenizer(model, tok, tokenizer or spec, spec)
     return model.to(device).eval(), tok

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -39,7 +40,37 @@ def load_policy(model_cfg):
         raise ValueError(f"the tokenizer has {len(tok)} tokens but the model's vocabulary is {model.arch.vocab_size}")
     if tok.eos_token_id is None:
         raise ValueError(f"the tokenizer of {model_cfg.tokenizer or model_cfg.path} has no EOS token; SFT answers need one")
+    warn_if_foreign_tokenizer(model, tok, model_cfg.tokenizer or model_cfg.path, model_cfg.path)
     return model, tok
+
+
+def foreign_tokenizer(model, tok, tokenizer_name, model_name) -> Optional[str]:
+    """One line when ``tok`` has fewer tokens than the model's vocabulary *and* other special ids than the model's
+    adapter (EOS, mask, pad): the signature of another model's tokenizer. Training then runs and generation returns
+    empty completions (the model stops at ids this tokenizer does not use), without an error. None otherwise (a
+    vocabulary padded beyond the tokenizer, as most published models have, is normal)."""
+    vocab, adapter = model.arch.vocab_size, model.adapter
+    if len(tok) >= vocab:
+        return None
+    differ = []
+    eos, mask, pad = tok.eos_token_id, getattr(tok, "mask_token_id", None), tok.pad_token_id
+    if eos is not None and eos not in adapter.all_stop_ids:
+        differ.append(f"EOS {eos} vs {adapter.eos_token_id}")
+    if mask is not None and mask != adapter.mask_token_id:
+        differ.append(f"mask {mask} vs {adapter.mask_token_id}")
+    if pad is not None and adapter.pad_token_id is not None and pad != adapter.pad_token_id:
+        differ.append(f"pad {pad} vs {adapter.pad_token_id}")
+    if not differ:
+        return None
+    return (f"the tokenizer {tokenizer_name} ({len(tok)} tokens) is smaller than the model {model_name} ({vocab} ids) "
+            f"and has other special ids ({', '.join(differ)}; tokenizer vs model): it looks like another model's "
+            f"tokenizer, and generations may come back empty; give the model's own tokenizer")
+
+
+def warn_if_foreign_tokenizer(model, tok, tokenizer_name, model_name) -> None:
+    problem = foreign_tokenizer(model, tok, tokenizer_name, model_name)
+    if problem:
+        log.warning(problem)
 
 
 def full_state_dict(model, env) -> dict:
