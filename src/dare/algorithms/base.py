@@ -155,13 +155,14 @@ def _one_forward(views: list[View]) -> bool:
 def score_views(model, views: list[View], chunk_size: Optional[int] = DEFAULT_CHUNK,
                 with_entropy: bool = False) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """``(logp, entropy)`` [B, L] of each view's targets (``score_targets``), all views in one forward when they
-    have one shape. Why one forward: a parameter that several forwards of one loss use gets its gradient from
+    have one shape and gradients flow (without gradients, one forward per view: a replay's dozens of views batched
+    would multiply the scoring's activations). Why one forward: a parameter that several forwards of one loss use gets its gradient from
     autograd only once all of them are differentiated, so each forward's partial gradient waits in autograd's
     buffer meanwhile; under FSDP2 those are the *unsharded* gradients of every layer at once (LLaDA2.0-mini
     Coupled-GRPO's three views held 32.5 GiB of them per GPU, ``dare plan``), and FSDP2 reduce-scatters zeros for the
     earlier forwards. One batched forward also all-gathers each layer once instead of once per view. The forward's
     values are the same bits; the weight gradients sum over one GEMM instead of several (differences ~1e-7)."""
-    if len(views) < 2 or not _one_forward(views):
+    if len(views) < 2 or not torch.is_grad_enabled() or not _one_forward(views):
         return [score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
                               position_ids=v.position_ids, layout=v.layout, chunk_size=chunk_size,
                               with_entropy=with_entropy) for v in views]
