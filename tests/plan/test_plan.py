@@ -130,7 +130,35 @@ def test_plan_equals_two_gloo_processes(recipe, overrides):
 # One recipe per model family and kind of step (SFT, RL with a masked and a block model, LoRA): planned again and
 # compared with what docs/plan_recipes.json (and so docs/paper_recipes.md and the recipes' headers) says.
 CACHED = ["recipes/sft_llada_8b.yaml", "recipes/lora_sft_llada_8b.yaml", "recipes/paper/llada_8b_instruct/d1_math.yaml",
-          "recipes/paper/dream_7b_instruct/d1_code.yaml", "recipes/paper/sdar_8b_chat/d1_math.yaml"]
+          "recipes/paper/dream_7b_instruct/d1_code.yaml", "recipes/paper/sdar_8b_chat/d1_math.yaml",
+          "recipes/paper/llada2_mini/coupled_grpo_math.yaml", "recipes/diffusion_gemma/sft_26b.yaml"]
+
+
+def test_every_planned_full_size_recipe_fits_and_the_docs_count_the_rest():
+    """Every full-size recipe planned in docs/plan_recipes.json (written by scripts/plan_recipes.py) at its current
+    settings fits 8 x 80 GB (one that stops fitting fails here), the table docs/plan_recipes.md has one row per planned
+    recipe, and docs/paper_recipes.md counts the paper recipes not planned yet (a recipe edited without re-planning has
+    another shape key and counts as unplanned)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import plan_recipes
+    cache = json.loads(plan_recipes.OUT_JSON.read_text())
+    planned, unplanned_paper, failing = [], [], []
+    for rel in plan_recipes.full_size_recipes():
+        plan = cache["plans"].get(plan_recipes.shape_key(load_recipe(ROOT / rel)))
+        if plan is None:
+            unplanned_paper += [rel] if rel.startswith("recipes/paper/") else []
+            continue
+        planned.append(rel)
+        if plan["error"] or not plan["fits"]:
+            failing.append((rel, plan["error"] or f"{plan['peak_bytes'] / GIB:.1f} GiB"))
+    assert not failing, f"do not fit 8 x 80 GB or could not be planned: {failing}"
+    table = plan_recipes.OUT_MD.read_text()
+    assert sorted(line.split("`")[1] for line in table.splitlines() if line.startswith("| `recipes/")) == sorted(planned)
+    doc = plan_recipes.PAPER_MD.read_text()
+    if unplanned_paper:
+        assert f"Not planned yet ({len(unplanned_paper)})" in doc
+    else:
+        assert "Not planned yet" not in doc
 
 
 @pytest.mark.slow
@@ -144,5 +172,9 @@ def test_full_size_recipe_fits_and_its_published_plan_is_current(rel):
     plan = plan_recipe(load_recipe(ROOT / rel), PlanOptions(), rel)
     assert plan.error is None and plan.fits, (rel, plan.peak_bytes / GIB, plan.error)
     published = cache["plans"][key]
-    assert _peaks(published) == _peaks(plan), "the code's plan changed: rerun python scripts/plan_recipes.py"
+    assert set(_peaks(published)) == set(_peaks(plan))
+    # Within 1 MiB per phase: a per-row counter added to the rollout moves a peak by bytes, not the published GiB.
+    for name, peak in _peaks(plan).items():
+        assert abs(_peaks(published)[name] - peak) <= 2**20, ("the code's plan changed: rerun python "
+                                                               "scripts/plan_recipes.py", name, _peaks(published), _peaks(plan))
     assert abs(published["flops_per_step"] - plan.flops_per_step) <= 1e-9 * plan.flops_per_step
