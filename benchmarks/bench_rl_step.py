@@ -35,7 +35,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dare.config.recipe import load_recipe  # noqa: E402
+from dare.trainer.recipe import load_recipe  # noqa: E402
 from dare.diffusion import logprob  # noqa: E402
 from dare.models import load_tokenizer, tiny  # noqa: E402
 from dare.models.model import DiffusionLM  # noqa: E402

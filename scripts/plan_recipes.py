@@ -31,7 +31,7 @@ IGNORED_TRAIN = ("steps", "output_dir", "save_every", "eval_every", "log_every",
 
 
 def full_size_recipes() -> list[str]:
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     out = []
     for path in sorted(glob.glob(str(ROOT / "recipes" / "**" / "*.yaml"), recursive=True)):
         rel = str(Path(path).relative_to(ROOT))
@@ -64,7 +64,7 @@ def shape_key(recipe) -> str:
 def plan_one(rel: str) -> dict:
     import torch
 
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.plan.planner import PlanOptions, plan_recipe
     torch.set_num_threads(1)
     plan = plan_recipe(load_recipe(ROOT / rel), PlanOptions(), rel)
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     sys.path.insert(0, str(ROOT / "scripts"))
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     cache = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {"plans": {}, "recipes": {}}
     recipes = full_size_recipes()
     keys = {rel: shape_key(load_recipe(ROOT / rel)) for rel in recipes}

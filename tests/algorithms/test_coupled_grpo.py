@@ -3,7 +3,7 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.coupled_grpo import CoupledGRPOConfig
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages

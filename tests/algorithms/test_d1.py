@@ -172,7 +172,7 @@ def test_supports_every_attention_kind_and_names_it_in_errors():
 @pytest.mark.parametrize("family", ["sdar", "llada2_moe"])
 def test_block_models_learn_a_toy_reward(tmp_path, family):
     """15 steps of recipes/d1_tiny.yaml on a block model: the toy '7' reward rises by more than 0.3 (from about 0.03)."""
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.trainer.loop import Trainer
     from tests.algorithms.test_espo import ROOT  # registers the toy reward
     recipe = load_recipe(ROOT / "recipes/d1_tiny.yaml", [

@@ -5,7 +5,7 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.dpo import DPOConfig, VRPOConfig
-from dare.config.recipe import DataSection
+from dare.trainer.recipe import DataSection
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from dare.trainer.data import PreferenceSource, load_preference_pairs

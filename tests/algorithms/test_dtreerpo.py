@@ -6,7 +6,7 @@ import torch
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.dtreerpo import (DTreeRPOConfig, distillation_targets, local_advantages, node_values,
                                       sd_schedule, segments_batch)
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig, generate, generate_tree
 from dare.trainer import stages

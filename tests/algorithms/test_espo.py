@@ -8,7 +8,7 @@ import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.espo import ESPOConfig, stratified_counts
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.rewards import REWARDS, register_reward

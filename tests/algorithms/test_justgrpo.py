@@ -6,7 +6,7 @@ import torch
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.base import Algorithm
 from dare.algorithms.justgrpo import JustGRPOConfig, ar_targets
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import masks, tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig
 from dare.trainer import stages

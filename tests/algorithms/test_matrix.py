@@ -18,7 +18,7 @@ from dare.algorithms import ALGORITHMS, StepContext, build_algorithm, load_built
 from dare.algorithms.matrix import (ATTENTION_KINDS, MARKERS, algorithm_infos, family_attention, marked_block,
                                     markdown_matrix, supported_cells, with_matrix)
 from dare.cli import main as dare_main
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import FAMILIES, tiny, tiny_tokenizer
 from dare.trainer.loop import Trainer
 from tests.algorithms.helpers import rl_batch

@@ -84,7 +84,7 @@ def test_paper_overrides_give_a_valid_recipe_on_the_compare_task(name):
     """Every method's paper overrides load into the compare recipe and its sampler builds (CJ-GRPO's ASS fixes its own
     step count, so the recipe's 20 steps must not reach it: that failed the first compare run)."""
     from pathlib import Path
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.rollout.masked import masked_blocks
     root = Path(__file__).resolve().parents[2]
     ov = paper_overrides(get_algorithm(name), get_algorithm("coupled_grpo"), 1e-4, "sudoku", "bidirectional")

@@ -5,7 +5,7 @@ import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.spg import SPGConfig, spg_bounds
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages

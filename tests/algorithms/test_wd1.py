@@ -4,7 +4,7 @@ import torch
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.d1 import D1Config
 from dare.algorithms.wd1 import WD1Config, group_softmax
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,

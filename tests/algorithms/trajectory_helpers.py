@@ -86,7 +86,7 @@ def run_recipe(tmp_path, algo: str, family: str, *overrides, steps: int = 2):
     """``dare train recipes/rl/<algo>.yaml`` through the loop API on a tiny model; returns the metric history."""
     from pathlib import Path
 
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.trainer.loop import Trainer
     _register_toy_reward()
     root = Path(__file__).resolve().parents[2]

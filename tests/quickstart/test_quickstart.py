@@ -60,7 +60,7 @@ def test_lazy_sudoku_demonstrations_hold_the_habit_and_nothing_else():
 def test_shipped_block_checkpoint_runs_the_shared_recipes_in_its_block_size():
     """The tiny SDAR checkpoint (block-only methods in `dare compare`) was trained by sft.yaml with its manifest's
     overrides, and its RL and comparison runs use the shared recipes, decoding in blocks of its training size."""
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.models import load_model
 
     ck = get_checkpoint("sudoku-sdar-sft")
@@ -215,7 +215,7 @@ def test_compare_runs_one_algorithm_and_writes_table_and_figure(tmp_path):
 
 def test_the_documented_real_run_overrides_validate():
     """docs/quickstart.md: the quickstart RL recipe with an 8B model, GSM8K and GPU settings is a valid recipe."""
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
 
     r = load_recipe(ROOT / "recipes/quickstart/rl.yaml", [
         "model.path=GSAI-ML/LLaDA-8B-Instruct", "model.dtype=bfloat16", "data.dataset.name=gsm8k",

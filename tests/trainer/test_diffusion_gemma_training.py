@@ -133,7 +133,7 @@ def test_fsdp2_two_processes_reproduce_one_process(tmp_path, extra):
 def test_diffusion_gemma_recipes_are_valid():
     """The 26B-A4B recipes (8 GPUs) and their tiny CPU counterparts parse into typed configs."""
     from dare.config import from_dict, load_yaml
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.eval.config import EvalConfig
     from tests.trainer.helpers import ROOT
     folder = ROOT / "recipes/diffusion_gemma"

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from dare.algorithms.grpo import group_mean_std
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.rewards import REWARDS, register_reward
 from dare.trainer import stages
 from dare.trainer.loop import Trainer

@@ -253,7 +253,7 @@ class DTreeRPO(GRPOAlgorithm):
     # --- (1) rollout, (2) reward -------------------------------------------------------------------------
     def collect(self, stage, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
         from ..rollout import generate_tree
-        from ..trainer.distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         rc = stage.recipe.rollout
         sampler, seeds, n = rc.sampler, stage.prompt_seeds(ctx, prompts), prompts.size
         chunk = rc.micro_batch_size or n  # prompts per tree call

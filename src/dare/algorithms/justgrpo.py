@@ -42,7 +42,7 @@ from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import (AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig, aggregation_weights, clipped_surrogate,
                    kl_penalty)
 from .paper import PaperSettings
-from .tracerl import agree_max
+from ..collectives import agree_max
 from .views import prompt_completion_view, with_attention_blocks
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ import torch
 from ..diffusion.logprob import score_targets
 from .base import Batch, LogLik, StepContext, View, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty
-from .tracerl import agree_max
+from ..collectives import agree_max
 from .views import prompt_completion_view
 from .paper import PaperSettings
 

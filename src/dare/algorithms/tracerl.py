@@ -41,6 +41,7 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 
+from ..collectives import agree_max
 from .base import Batch, Companion, LogLik, StepContext, View, concat_rows, register_algorithm
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, kl_penalty, rl_view
 from .paper import PaperSettings
@@ -141,16 +142,6 @@ def completion_block_ids(batch: Batch, block_size: int) -> torch.Tensor:
     Lc = batch["completion_ids"].shape[1]
     pos = p_len[:, None] + torch.arange(Lc, device=p_len.device)[None]
     return pos // block_size
-
-
-def agree_max(values: list[int], device) -> list[int]:
-    """Element-wise max over data-parallel ranks: every rank must run the same number of forwards (FSDP)."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [int(v) for v in t.tolist()]
 
 
 # ----------------------------------------------------------------------------------------------------------

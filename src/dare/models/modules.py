@@ -14,6 +14,7 @@ from torch import nn
 
 from .arch import ModelArch, MoESpec
 from .cache import KVCache
+from . import planning
 from .experts import GroupedExperts, route
 from .fused import FusedProjections
 
@@ -264,9 +265,8 @@ def planned_attention(q, k, v, mask, scale: float, gqa: bool):
     """None, except in a ``dare plan`` simulation for CUDA: there attention is CUDA's memory-efficient kernel
     (output and log-sum-exp kept, no [L, L] probabilities), what SDPA and FlexAttention do on a GPU; the CPU
     kernels a fake CPU tensor would otherwise take keep the probabilities."""
-    from ..plan import simulate
-    sim = simulate.active()
-    if sim is None or not sim.cuda_kernels or not simulate.is_fake(q):
+    sim = planning.active()
+    if sim is None or not sim.cuda_kernels or not planning.is_fake(q):
         return None
     sim.assume("attention as CUDA's memory-efficient kernel (no [L, L] probabilities kept)")
     if gqa:

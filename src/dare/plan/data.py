@@ -112,12 +112,12 @@ class SimulatedRollout(RolloutStage):
         return dataclasses.replace(sampler, record_trajectory=False, rcr=False, editing_threshold=None)
 
     def decode(self, prompts, seeds, model, sampler):
+        from ..collectives import gathered_for_inference
         from ..rollout import generate
-        from ..trainer.distributed import gathered_for_inference
         if model.adapter.is_encoder_decoder:
             # The canvas sampler's passes stop adaptively and cannot pause (``steps_per_block``): plan the rest of
             # the step, and say that the decode itself is missing from the rollout's peak and FLOPs.
-            from .simulate import active
+            from ..models.planning import active
             sim = active()
             if sim is not None:
                 sim.assume("rollout: the canvas sampler cannot pause, so its decoding forwards are not planned "

@@ -27,7 +27,7 @@ class TrainResult:
 
 
 def load_stage_recipe(path, overrides: list[str]):
-    from ..config.recipe import load_recipe
+    from ..trainer.recipe import load_recipe
     return load_recipe(path, overrides)
 
 

@@ -193,7 +193,7 @@ class Trainer:
 
     def curate_prompts(self, ctx: StepContext) -> dict:
         """Ask the algorithm which training prompts to use (MDPO's ICFW); every rank tests a share of them."""
-        from .distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         source = self.source
         share = list(range(self.env.rank, len(source.prompted), self.env.world_size))
         with self._autocast(), gathered_for_inference(self.model):  # decoding: no collectives inside
@@ -316,7 +316,7 @@ class Trainer:
         lengths are data-dependent, so no collective may run inside the decoding loop); rank 0 writes
         ``eval/step-N/`` (per-sample JSONL, results.json, results.md)."""
         from ..eval import RunOptions, evaluate
-        from .distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         ec = self.recipe.eval
         opts = RunOptions(limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=self.recipe.train.seed,
                           resume=False, progress=False, reward_timeout=self.recipe.reward.timeout,

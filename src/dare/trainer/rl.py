@@ -217,7 +217,7 @@ class RolloutStage:
         group exchanges the rollouts, so every rank holds the whole batch (decoding is not sequence-parallel, and
         would otherwise be repeated N times)."""
         from ..rollout import generate
-        from .distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         sp = self.env.sequence_group()
         start, stop = rollout_share(len(seeds), sp)
         chunk = self.recipe.rollout.micro_batch_size or max(stop - start, 1)
