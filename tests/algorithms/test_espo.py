@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
-from dare.algorithms.espo import ESPOConfig, stratified_counts
+from dare.algorithms.common.elbo import stratified_counts
+from dare.algorithms.espo import ESPOConfig
 from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
@@ -81,7 +82,7 @@ class _Ref:
 
 
 def _prepare(algo, ctx, model, batch, reference=None):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, reference=reference, micro_batch_size=3)
     ctx.norms = algo.normalizers(batch)
     return batch
@@ -111,8 +112,8 @@ def test_main_and_complement_partition_the_completion():
     batch = rl_batch(n_prompts=3, group=2, gen_len=12, seed=1)
     views = algo.corrupt(ctx, batch, 0)
     assert len(views) == 6 == algo.mc_samples
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
-    valid = batch["completion_mask"]
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
+    valid = batch.completion_mask
     L = valid.sum(-1)
     counts = []
     for main, comp in zip(views[::2], views[1::2]):
@@ -121,7 +122,7 @@ def test_main_and_complement_partition_the_completion():
         for v in (main, comp):
             masked = v.input_ids[:, P:] == mask_id
             assert torch.equal(masked & valid, v.targets[:, P:]) and masked[~valid].all()  # post-EOS marginalised
-            assert torch.equal(v.input_ids[:, :P], batch["prompt_ids"])
+            assert torch.equal(v.input_ids[:, :P], batch.prompt_ids)
         x = tm.sum(-1)
         counts.append(x)
         assert torch.allclose(main.info["p"], x / (L + 1)) and torch.allclose(comp.info["p"], (L - x) / (L + 1))
@@ -148,10 +149,10 @@ def test_ratio_is_one_with_shared_noise_and_not_without():
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=2, group=3, seed=3))
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    assert metrics["loss"] == pytest.approx(-(batch["advantages"].sum() / batch.size).item(), abs=1e-6)
+    assert metrics["loss"] == pytest.approx(-(batch.advantages.values.sum() / batch.size).item(), abs=1e-6)
     other = StepContext(step=5, seed=9, adapter=ctx.adapter)  # different noise: the estimate moves
     fresh = algo.log_likelihood(other, model, batch, algo.corrupt(other, batch, 0)).value
-    assert not torch.allclose(fresh, batch["old_logp"][0], atol=1e-3)
+    assert not torch.allclose(fresh, batch.old_logp[0], atol=1e-3)
 
 
 def test_two_pass_gradient_equals_full_graph_gradient_with_clipping_and_kl():
@@ -180,10 +181,10 @@ def test_k2_kl_on_raw_elbo_over_length():
     model, algo, ctx = _setup(inner_iterations=1, beta=1.0, two_pass_backward=False)
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=1, group=3, seed=5), reference=_Ref(model))
     assert stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)["kl"] == 0.0
-    current = algo.log_likelihood(ctx, model, batch, batch["views"][0])
-    batch["ref_logp"][0] = current.value.detach() - 2.0  # ELBO gap 2 -> k2 = 2 / L
+    current = algo.log_likelihood(ctx, model, batch, batch.views[0])
+    batch.ref_logp[0] = current.value.detach() - 2.0  # ELBO gap 2 -> k2 = 2 / L
     _, metrics = algo.loss(ctx, batch, current, 0)
-    L = batch["completion_mask"].sum(-1).float()
+    L = batch.completion_mask.sum(-1).float()
     assert metrics["kl"] == pytest.approx((2.0 / L).mean().item(), rel=1e-5)
 
 
@@ -200,12 +201,12 @@ def test_block_nelbo_from_per_block_forwards(family):
     model, algo, ctx = _block_setup(family, num_mc=2)
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=1)
     views = algo.corrupt(ctx, batch, 0)
-    P = batch["prompt_ids"].shape[1]
-    valid = batch["completion_mask"]
+    P = batch.prompt_ids.shape[1]
+    valid = batch.completion_mask
     for main, comp in zip(views[::2], views[1::2]):  # the complement pass still partitions the completion
         tm, tc = main.targets[:, P:], comp.targets[:, P:]
         assert not (tm & tc).any() and torch.equal(tm | tc, valid)
-        assert torch.equal(main.input_ids[:, 2 * P + 12:], batch["completion_ids"])  # clean copy
+        assert torch.equal(main.input_ids[:, 2 * P + 12:], batch.completion_ids)  # clean copy
     assert_matches_brute_force(model, batch, views)
     expected = sum((brute_force_logp(model, batch, v, 4) * v.weight).sum(-1) for v in views)
     value = algo.log_likelihood(ctx, model, batch, views).value
@@ -215,7 +216,7 @@ def test_block_nelbo_from_per_block_forwards(family):
 def test_block_terms_ignore_later_blocks():
     model, algo, ctx = _block_setup(num_mc=2)
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=2)
-    batch["completion_mask"][:] = True
+    batch.completion_mask[:] = True
     assert_future_blocks_invisible(model, batch, algo.corrupt(ctx, batch, 0))
 
 
@@ -225,24 +226,24 @@ def test_block_ratio_is_one_with_shared_noise(family):
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=2, group=3, seed=3))
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    assert metrics["loss"] == pytest.approx(-(batch["advantages"].sum() / batch.size).item(), abs=1e-6)
+    assert metrics["loss"] == pytest.approx(-(batch.advantages.values.sum() / batch.size).item(), abs=1e-6)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
 def test_sequence_ratio_is_length_normalised_and_clipped_per_sequence():
     _, algo, ctx = _setup(inner_iterations=2, beta=0.0, clip_low=0.2)
     batch = rl_batch(n_prompts=1, group=4, seed=6, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]))
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
-    L = batch["completion_mask"].sum(-1).float()
+    L = batch.completion_mask.sum(-1).float()
     old = -torch.rand(4, 1) * 50
     target = torch.tensor([1.1, 1.1, 1.5, 0.5])  # two inside the clip range, two outside
-    batch["old_logp"] = {0: old}
+    batch.old_logp = {0: old}
     value = (old[:, 0] + L * torch.log(target))[:, None].requires_grad_(True)
     loss, metrics = algo.loss(ctx, batch, LogLik(value), 0)
     loss.backward()
     assert metrics["ratio_mean"] == pytest.approx(target.mean().item(), rel=1e-5)
-    adv = batch["advantages"]
+    adv = batch.advantages.values
     # A > 0 at ratio 1.5 and A < 0 at ratio 0.5 are clipped: no gradient; the others: -A rho / (L * #seqs)
     expected = torch.tensor([-adv[0] * 1.1 / L[0], -adv[1] * 1.1 / L[1], 0.0, 0.0]) / 4
     assert torch.allclose(value.grad[:, 0], expected, atol=1e-6)

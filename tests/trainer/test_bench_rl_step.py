@@ -30,7 +30,8 @@ def test_naive_scoring_matches_chunked_scoring(family):
 
 def test_naive_pipeline_logits_equal_and_restores():
     bench = _bench()
-    from dare.algorithms import base, load_builtin_algorithms
+    from dare.algorithms import load_builtin_algorithms
+    from dare.algorithms.common import scoring
     from dare.models.model import DiffusionLM
     load_builtin_algorithms()
     model = tiny("llada", seed=0)
@@ -43,10 +44,10 @@ def test_naive_pipeline_logits_equal_and_restores():
         with bench.naive_pipeline():
             full = model(ids, logits_at=slice(4, 8)).logits
             full_packed = model(ids, logits_at=slice(4, 8), logits_keep=keep).logits
-            assert base.score_targets is bench.naive_score_targets  # the likelihood estimator every method shares
+            assert scoring.score_targets is bench.naive_score_targets  # the likelihood estimator every method shares
     assert full.shape == pruned.shape and torch.equal(full, pruned)
     assert full_packed.shape == (3, full.shape[-1]) and torch.equal(full_packed, packed)
-    assert DiffusionLM.forward is real_forward and base.score_targets is score_targets
+    assert DiffusionLM.forward is real_forward and scoring.score_targets is score_targets
 
 
 @pytest.mark.slow

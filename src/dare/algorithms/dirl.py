@@ -23,10 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
-from .base import Batch, StepContext, register_algorithm
+from .base import StepContext
+from .batch import RLBatch
+from .common.replay import ReplayAlgorithm, ReplayConfig
 from .grpo import AdvantageMode
-from .tracerl import ReplayAlgorithm, ReplayConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -52,6 +54,6 @@ class DiRL(ReplayAlgorithm):
     config_class = DiRLConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal",)
 
-    def token_weights(self, ctx: StepContext, batch: Batch):
+    def token_weights(self, ctx: StepContext, batch: RLBatch):
         w = self.targets(batch).float() / max(ctx.norms.get("targets", 0.0), 1.0)
         return w, w

@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..algorithms.base import StepContext, build_algorithm
+from ..algorithms.base import Services, StepContext
+from ..algorithms.registry import build_algorithm
 from ..config.core import to_dict
 from . import stages
 from .assemble import assemble
@@ -185,7 +186,7 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
-        services = {"tokenizer": self.tokenizer, **(self.rollout.services() if self.rollout is not None else {})}
+        services = self.rollout.services(self.tokenizer) if self.rollout is not None else Services(tokenizer=self.tokenizer)
         return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.dp_rank,
                            world_size=self.env.dp_size, chunk_size=self.recipe.train.chunk_size,
                            want_entropy=self.algo.uses_rollout, services=services,
@@ -226,9 +227,7 @@ class Trainer:
         with self.phase("score"), self._autocast(), sharding_sequences(self.env.sequence_group()):
             stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
         metrics["prepare_time"] = time.perf_counter() - t_prepare  # corruption + old / reference / companion scoring
-        adv = self.algo.advantages(ctx, batch)  # (4)
-        if adv is not None:
-            batch["advantages"] = adv
+        batch.advantages = self.algo.advantages(ctx, batch)  # (4)
         ctx.norms = self.env.all_reduce_sums(self.algo.normalizers(batch))
         sums: dict[str, float] = defaultdict(float)
         n_it = self.algo.inner_iterations
