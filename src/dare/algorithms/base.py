@@ -200,15 +200,23 @@ class Algorithm:
         return 1
 
     def normalizers(self, batch) -> dict[str, float]:
-        """Local counts the loss divides by; the loop sums them over ranks into ``ctx.norms``."""
+        """Local counts the loss divides by (``{"tokens": ..., "seqs": ...}``: floats of this rank's batch, after the
+        advantages); the loop sums them over micro-batches and ranks into ``ctx.norms``."""
         return {"samples": float(batch.size)}
 
     # --- hooks ----------------------------------------------------------------------------------------
     def prepare(self, ctx: StepContext, batch):
-        """Per-batch state derived before any corruption (stored as ``batch.state``); None by default (keeps it)."""
+        """Per-batch state derived once before any corruption (stage 3), stored as ``batch.state``.
+
+        Args: ``batch`` the whole step's batch on this rank (``RLBatch`` for RL). Returns a dataclass whose tensors are
+        per sample (first dimension B, sliced with the micro-batches; other fields are kept), or None (the batch's
+        state, e.g. a ``collect``'s, is kept)."""
         return None
 
     def corrupt(self, ctx: StepContext, batch, iteration: int) -> list[View]:
+        """The forward inputs of inner iteration ``iteration``: one ``View`` per forward, each ``input_ids [B, L]``
+        with ``targets`` / ``labels`` / ``weight`` ``[B, L']`` and ``score_index [B, K]`` into the estimator's K slots.
+        Draws come from ``ctx.generator(iteration, uid, ...)`` (or ``ctx.corrupt``), never from global RNGs."""
         raise NotImplementedError(f"{type(self).__name__} must implement corrupt()")
 
     def reference_views(self, ctx: StepContext, batch, iteration: int) -> list[View]:
@@ -233,6 +241,8 @@ class Algorithm:
         return LogLik(total, ent_total)
 
     def advantages(self, ctx: StepContext, batch) -> Optional[Advantages]:
+        """Stage (4), on the whole step's batch: ``Advantages(values [B] / [B, S] / [B, Lc], active [B])`` (a subclass
+        carries more, e.g. wd1's group weights); None for methods without advantages (SFT, DPO)."""
         return None
 
     def companions(self) -> list[Companion]:
@@ -255,6 +265,9 @@ class Algorithm:
         raise NotImplementedError(f"{type(self).__name__} curates prompts but does not implement select_prompts()")
 
     def loss(self, ctx: StepContext, batch, current: LogLik, iteration: int):
+        """``(loss, metrics)`` of one micro-batch: ``current.value [B, K]`` from ``log_likelihood`` of the same
+        micro-batch's views; the loss is a 0-dim tensor (its share of the step's loss, normalised by ``ctx.norms``),
+        metrics a dict of floats (additive shares too)."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")
 
     def backward(self, ctx: StepContext, model, batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
