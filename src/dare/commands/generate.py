@@ -28,8 +28,9 @@ def _ids(text: str) -> list[int]:
 
 
 def _sampler_flags(p) -> None:
-    from dare.rollout.config import CACHES, REMASKING, SCHEDULES, SamplerConfig
-    choices = {"remasking": REMASKING, "cache": CACHES, "schedule": SCHEDULES}
+    from dare.rollout.config import CACHES, SCHEDULES, SamplerConfig
+    from dare.rollout.selection import REMASKINGS
+    choices = {"remasking": tuple(REMASKINGS), "cache": CACHES, "schedule": SCHEDULES}
     g = p.add_argument_group("sampler (dare.rollout.SamplerConfig fields; unset = the dataclass default)")
     hints = typing.get_type_hints(SamplerConfig)
     for f in dataclasses.fields(SamplerConfig):
