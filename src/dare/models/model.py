@@ -27,6 +27,7 @@ from . import masks
 from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
+from .checkpoint import save_pretrained
 from .fused import FusedProjections
 from .lean import lean_layer, run_compiled, snapshot_layer, stack_signature
 from .sequence_parallel import SequenceGroup, check_heads
@@ -307,5 +308,5 @@ class DiffusionLM(nn.Module):
         return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
 
     def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 5 * 2**30) -> None:
-        from .loading import save_pretrained
+        """config.json + safetensors in the family's published layout (``dare.models.checkpoint.save_pretrained``)."""
         save_pretrained(self, path, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)

@@ -9,7 +9,9 @@ from typing import Optional
 import torch
 
 from ..models.families import detect_family, get_family
-from ..models.loading import CheckpointError, build_model, parse_dtype, resolve_mask_token_id
+from ..models.builder import build_model
+from ..models.checkpoint import CheckpointError
+from ..models.loading import parse_dtype, resolve_mask_token_id
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 

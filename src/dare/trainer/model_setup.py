@@ -9,7 +9,8 @@ import torch
 
 from ..models import load_model
 from ..models.families import get_family
-from ..models.loading import build_model, parse_dtype
+from ..models.builder import build_model
+from ..models.loading import parse_dtype
 from ..models.lora import apply_lora, has_lora, merge_lora
 
 log = logging.getLogger(__name__)
