@@ -6,6 +6,7 @@ import torch
 
 from dare.algorithms.tracerl import TraceRLConfig
 from dare.algorithms.value import ValueModel, clipped_value_loss, trace_returns_advantages
+from dare.models import LogitsRequest
 from dare.trainer import stages
 from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
                                                 train_subprocess)
@@ -110,7 +111,7 @@ def test_old_values_are_read_in_each_tokens_own_replay_state():
         algo.score_companions(ctx, batch, 100)
         P = batch["prompt_ids"].shape[1]
         for r, view in enumerate(batch["views"][0]):
-            hidden = vm.lm(view.input_ids, layout=view.layout, return_hidden=True, compute_logits=False).hidden_states
+            hidden = vm.lm(view.input_ids, layout=view.layout, request=LogitsRequest.hidden_states()).hidden_states
             own = batch["replay_round"] == r
             expected = (hidden[:, P:P + own.shape[1]] @ vm.value_head.weight[0])
             assert torch.allclose(batch["old_values"][own], expected[own], atol=1e-5)

@@ -4,7 +4,7 @@ transformers maintains DiffusionGemma (``transformers.models.diffusion_gemma``),
 the encoder, the decoder (with self-conditioning), the MoE and the caches are transformers' modules; this class only
 drives them the way dare's trainers and samplers need:
 
-* ``model(input_ids, layout=CanvasLayout, return_hidden=True, compute_logits=False)`` -- the training / scoring
+* ``model(input_ids, layout=CanvasLayout, request=LogitsRequest.hidden_states())`` -- the training / scoring
   forward. ``input_ids`` is ``[clean encoder ids ; canvas ids]``; the encoder runs over the clean part (causal, its
   KV kept for every layer), the decoder over the canvas with block-causal masks (``dare.models.canvas``). The
   returned hidden states are ``[encoder rows ; canvas rows]``: encoder row i predicts token i+1 (the encoder's
@@ -34,7 +34,8 @@ from .arch import ModelArch
 from .canvas import FULL, SLIDING, CanvasLayout
 from .checkpoint import CheckpointError
 from .families import FamilySpec, UnsupportedModelError
-from .model import ModelOutput
+from .modules import take_rows
+from .outputs import ALL_LOGITS, LogitsRequest, ModelOutput
 
 # Per-layer submodules of transformers' encoder and decoder text layers that hold the shared weights.
 LAYER_MODULES = ("mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -129,15 +130,28 @@ class DiffusionGemmaLM(nn.Module):
         return torch.tanh(z / self.softcap) * self.softcap if self.softcap else z
 
     # --- training / scoring forward --------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask=None, position_ids=None, *, layout: Optional[CanvasLayout] = None,
-                logits_rows: Optional[torch.Tensor] = None, return_hidden: bool = False, compute_logits: bool = True,
-                **unused) -> ModelOutput:
-        unknown = set(unused) - {"use_cache", "return_dict", "output_attentions", "output_hidden_states"}
-        if unknown:
-            raise TypeError(f"DiffusionGemmaLM.forward() got unexpected keyword argument(s) {sorted(unknown)}")
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, *, layout: Optional[CanvasLayout] = None,
+                request: Optional[LogitsRequest] = None) -> ModelOutput:
+        """The training / scoring forward over ``[clean encoder ids ; canvas ids]``.
+
+        Args:
+            input_ids: [B, Le + C]: the clean context (``layout.enc_len`` = Le tokens) then the noisy canvases.
+            attention_mask, position_ids: not used (the layout carries masks and positions); accepted so callers
+                pass the native model's arguments unchanged.
+            layout: the ``CanvasLayout`` (required): encoder / decoder positions, masks, self-conditioning coins.
+            request: which rows get logits / hidden states (``LogitsRequest``; default: logits of every row). The
+                rows are selected after the final norm (the encoder-decoder stack runs every row).
+        Returns:
+            ``ModelOutput`` over the rows ``[encoder rows ; canvas rows]`` ([B, Le + C, .], or as ``request``
+            selects): encoder row i predicts token i+1, canvas row j the clean token of canvas position j. Logits
+            are fp32 and soft-capped.
+        """
+        request = request or ALL_LOGITS
         if not isinstance(layout, CanvasLayout):
             raise ValueError(f"{self.family} is an encoder-decoder model: its forward takes [clean context ; canvas] ids "
                              f"with a dare.models.canvas.CanvasLayout (layout=...); sampling goes through dare.rollout")
+        request.check(input_ids.shape[0], input_ids.shape[1])
         Le = layout.enc_len
         sw = self.sliding_window
         enc_ids, canvas = input_ids[:, :Le], input_ids[:, Le:]
@@ -155,11 +169,11 @@ class DiffusionGemmaLM(nn.Module):
                 sc_logits = self.logits_of(first).to(self.model.decoder.embed_tokens.weight.dtype)
             sc_mask = layout.self_condition.bool()
         enc, dec = self._encode_decode(enc_ids, enc_masks, layout.enc_pos, canvas, dec_masks, layout.dec_pos, sc_logits, sc_mask)
-        h = torch.cat([enc, dec], dim=1)
-        logits = None
-        if compute_logits:
-            logits = self.logits_of(h[logits_rows] if logits_rows is not None else h)
-        return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
+        h = take_rows(torch.cat([enc, dec], dim=1), request.rows)
+        if request.keep is not None:
+            h = h[request.keep]
+        logits = self.logits_of(h) if request.logits else None
+        return ModelOutput(logits=logits, hidden_states=h if request.hidden else None)
 
     def _encode_decode(self, enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, sc_logits, sc_mask):
         """(encoder, decoder) final hidden states of the differentiated pass, the layers run as pairs: encoder layer i
