@@ -13,6 +13,7 @@ from .families import FAMILIES, FamilySpec, UnsupportedModelError, detect_family
 from .loading import load_model, parse_dtype
 from .masks import TokenLayout
 from .model import DiffusionLM
+from .model_spec import load_model_spec
 from .outputs import LogitsRequest, ModelOutput
 from .tiny_model import tiny
 from .tokenizer import load_tokenizer, tiny_tokenizer
@@ -20,5 +21,5 @@ from .tokenizer import load_tokenizer, tiny_tokenizer
 __all__ = [
     "FamilyAdapter", "ModelArch", "MoESpec", "KVCache", "FAMILIES", "FamilySpec", "UnsupportedModelError",
     "detect_family", "get_family", "register_family", "build_model", "CheckpointError", "load_model", "parse_dtype",
-    "save_pretrained", "TokenLayout", "DiffusionLM", "LogitsRequest", "ModelOutput", "tiny", "load_tokenizer", "tiny_tokenizer",
+    "save_pretrained", "load_model_spec", "TokenLayout", "DiffusionLM", "LogitsRequest", "ModelOutput", "tiny", "load_tokenizer", "tiny_tokenizer",
 ]
