@@ -79,5 +79,14 @@ def build_model(spec: FamilySpec, cfg: dict, mask_token_id: int, dtype=torch.flo
 
 def load_weights(spec: FamilySpec, folder: Path, cfg: dict, mask_token_id: int, dtype: torch.dtype,
                  attn_backend: str = "auto") -> nn.Module:
-    """The model of ``spec`` holding the checkpoint in ``folder`` (``cfg``: its parsed config.json) in ``dtype``."""
+    """The model of ``spec`` holding the checkpoint in ``folder``, every tensor checked.
+
+    Args:
+        spec: the family (``detect_family(cfg)``).
+        folder: the checkpoint folder (config.json + safetensors).
+        cfg: its config.json, already parsed.
+        mask_token_id: the resolved mask token id (-1 for families without one).
+        dtype: the parameters' dtype.
+        attn_backend: ``auto`` | ``sdpa`` | ``flex`` | ``flash_attn`` (native models).
+    """
     return builder_of(spec).load(spec, folder, cfg, mask_token_id, dtype, attn_backend)
