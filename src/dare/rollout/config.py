@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .schedule import ass_block_steps
 from .selection import REMASKINGS
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,6 @@ class SamplerConfig:
             if self.schedule != "ass" or self.block_length != self.gen_length:
                 raise ValueError(f"ass_blocks={self.ass_blocks} (CJ-GRPO's variable-size ASS blocks) sets the block "
                                  f"structure itself: use schedule='ass' and block_length = gen_length")
-            from .schedule import ass_block_steps
             ass_block_steps(self.gen_length, self.ass_blocks)  # at most floor(log2 gen_length) blocks
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
