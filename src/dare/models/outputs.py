@@ -48,7 +48,7 @@ class LogitsRequest:
         """Final hidden states only (no LM head): for chunked linear + cross-entropy with ``model.lm_head``."""
         return cls(rows=rows, logits=False, hidden=True)
 
-    def num_rows(self, batch: int, length: int) -> int:
+    def num_rows(self, length: int) -> int:
         """n: how many rows per sequence ``rows`` selects of a forward over ``length`` positions."""
         if self.rows is None:
             return length
@@ -58,7 +58,7 @@ class LogitsRequest:
 
     def check(self, batch: int, length: int) -> None:
         """Errors for a request that does not fit a forward over ``[batch, length]``."""
-        n = self.num_rows(batch, length)
+        n = self.num_rows(length)
         if isinstance(self.rows, torch.Tensor) and self.rows.shape[0] != batch:
             raise ValueError(f"LogitsRequest.rows must be [batch, n] with batch = {batch}, got {list(self.rows.shape)}")
         if self.keep is not None and tuple(self.keep.shape) != (batch, n):
