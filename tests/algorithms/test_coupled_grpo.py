@@ -11,7 +11,7 @@ from tests.algorithms.block_checks import (assert_future_blocks_invisible, asser
                                            brute_force_logp)
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):

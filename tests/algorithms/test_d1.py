@@ -174,7 +174,7 @@ def test_block_models_learn_a_toy_reward(tmp_path, family):
     """15 steps of recipes/d1_tiny.yaml on a block model: the toy '7' reward rises by more than 0.3 (from about 0.03)."""
     from dare.trainer.recipe import load_recipe
     from dare.trainer.loop import Trainer
-    from tests.algorithms.test_espo import ROOT  # registers the toy reward
+    from tests.algorithms.toy_task import ROOT  # registers the toy reward
     recipe = load_recipe(ROOT / "recipes/d1_tiny.yaml", [
         f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
         "rollout.group_size=8", "rollout.sampler={gen_length: 8, block_length: 4, steps: 8, temperature: 1.0}",

@@ -10,7 +10,7 @@ from dare.trainer.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig, generate, generate_tree
 from dare.trainer import stages
-from tests.algorithms.test_espo import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,4 @@
-import contextlib
 import copy
-import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,59 +9,11 @@ from dare.algorithms.espo import ESPOConfig
 from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
-from dare.rewards import REWARDS, register_reward
 from dare.trainer import stages
-from dare.trainer.loop import Trainer
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
                                            brute_force_logp)
 from tests.algorithms.helpers import rl_batch
-
-ROOT = Path(__file__).resolve().parents[2]
-
-if "mc_test_sevens" not in REWARDS:
-    @register_reward("mc_test_sevens")
-    def _sevens(completion, example):
-        """A toy reward with signal for a tiny random model: the fraction of '7' characters."""
-        return completion.count("7") / max(len(completion), 1)
-
-
-@contextlib.contextmanager
-def single_thread():
-    """Tiny models are dominated by threading overhead: one intra-op thread is as fast alone and far faster when the
-    machine is shared (measured 3 ms vs 100+ ms per forward under load with 2 threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Every test of the MC-algorithm modules runs single-threaded (imported by the sibling test modules)."""
-    with single_thread():
-        yield
-
-
-def run_rl_recipe(tmp_path, name, family, *overrides):
-    """``dare train recipes/rl/<name>.yaml`` shrunk to a few seconds: tiny model, 2 steps, 8-token rollouts.
-
-    Shared by the end-to-end tests of the sequence-ELBO / MC algorithms (Coupled-GRPO, SPG, wd1, BGPO, ESPO, EBPO).
-    """
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
-    recipe = load_recipe(ROOT / f"recipes/rl/{name}.yaml", [
-        f"model.path=tiny:{family}", "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2",
-        "train.batch_size=2", "train.micro_batch_size=4", "rollout.group_size=4",
-        f"rollout.sampler={{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}",
-        "reward.name=mc_test_sevens", "reward.workers=0", "data.dataset.limit=8", f"train.output_dir={tmp_path}",
-        "train.export=false", "train.save_every=0", "logging.progress=false", "logging.tensorboard=false",
-        "logging.plot=false", *overrides])
-    with single_thread():
-        hist = Trainer(recipe).run()
-    assert len(hist) == 2 and all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in hist)
-    assert any(h["grad_norm"] > 0 for h in hist), hist  # a real update happened
-    return recipe, hist
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 
 
 def _setup(family="llada", **cfg):
@@ -259,26 +208,6 @@ def test_noise_replays_per_iteration_and_microbatch():
     sub = algo.corrupt(ctx, batch.select([4, 2]), 0)
     assert all(torch.equal(s.input_ids, x.input_ids[[4, 2]]) and torch.equal(s.weight, x.weight[[4, 2]])
                for s, x in zip(sub, a))
-
-
-def learns_toy_reward(tmp_path, name, family, *overrides, recipe=None, sampler=None):
-    """15 steps of the recipe on the toy '7' reward; the mean reward must rise by more than 0.3 (it starts near 0.03).
-
-    ``recipe``: a recipe path relative to the repository (default ``recipes/rl/<name>.yaml``); ``sampler``: the
-    rollout sampler as a YAML mapping (default: 8 tokens, the family's tiny block, 8 steps at temperature 1).
-    Returns the per-step mean rewards."""
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
-    sampler = sampler or f"{{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}"
-    recipe = load_recipe(ROOT / (recipe or f"recipes/rl/{name}.yaml"), [
-        f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
-        "rollout.group_size=8", f"rollout.sampler={sampler}",
-        "reward.name=mc_test_sevens", "reward.workers=0", "data.dataset.limit=64", f"train.output_dir={tmp_path}",
-        "optim.lr=3e-3", "optim.weight_decay=0.0", "train.export=false", "train.save_every=0",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *overrides])
-    with single_thread():
-        rewards = [h["reward_mean"] for h in Trainer(recipe).run()]
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
-    return rewards
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from dare.models import masks, tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig
 from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, rl_batch
-from tests.algorithms.test_espo import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from dare.trainer.recipe import load_recipe
 from dare.models import FAMILIES, tiny, tiny_tokenizer
 from dare.trainer.loop import Trainer
 from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import one_thread, single_thread  # noqa: F401  (autouse fixture; registers the toy reward)
+from tests.algorithms.toy_task import one_thread, single_thread  # noqa: F401  (autouse fixture; registers the toy reward)
 
 ROOT = Path(__file__).resolve().parents[2]
 load_builtin_algorithms()

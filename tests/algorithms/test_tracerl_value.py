@@ -7,6 +7,7 @@ import torch
 from dare.algorithms.tracerl import TraceRLConfig
 from dare.algorithms.losses import clipped_value_loss
 from dare.algorithms.value import ValueModel, trace_returns_advantages
+from dare.models import LogitsRequest
 from dare.trainer import stages
 from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
                                                 train_subprocess)
@@ -111,7 +112,7 @@ def test_old_values_are_read_in_each_tokens_own_replay_state():
         batch.state = algo.score_companions(ctx, batch, 100)
         P = batch.prompt_ids.shape[1]
         for r, view in enumerate(batch.views[0]):
-            hidden = vm.lm(view.input_ids, layout=view.layout, return_hidden=True, compute_logits=False).hidden_states
+            hidden = vm.lm(view.input_ids, layout=view.layout, request=LogitsRequest.hidden_states()).hidden_states
             own = batch.state.round == r
             expected = (hidden[:, P:P + own.shape[1]] @ vm.value_head.weight[0])
             assert torch.allclose(batch.state.old_values[own], expected[own], atol=1e-5)

@@ -11,7 +11,7 @@ completions (zero advantages, no gradient ever again) -- measured: EBPO and ESPO
 """
 import pytest
 
-from tests.algorithms.test_espo import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture; registers the reward)
+from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture; registers the reward)
 
 ONE_PASS = "{gen_length: 8, block_length: 4, steps_per_block: 1, temperature: 1.0}"  # 2 canvases of the tiny model
 

@@ -57,8 +57,7 @@ class ToyDenoiser(torch.nn.Module):
     def logp(self, key: tuple) -> torch.Tensor:
         return F.log_softmax(self.lm_head(self.hidden(key)), -1)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, *, layout=None, return_hidden=False,
-                compute_logits=True, **_):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, *, layout=None, request=None):
         Le = layout.enc_len
         B, Lc = input_ids.shape[0], input_ids.shape[1] - Le
         h = torch.zeros(B, Le + Lc, self.H)

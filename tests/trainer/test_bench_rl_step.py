@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dare.diffusion import score_targets
-from dare.models import tiny
+from dare.models import LogitsRequest, tiny
 from tests.scripts import load_script
 
 
@@ -39,11 +39,11 @@ def test_naive_pipeline_logits_equal_and_restores():
     ids = torch.randint(3, 200, (2, 10))
     keep = torch.tensor([[True, False, False, True], [False, False, True, False]])
     with torch.no_grad():
-        pruned = model(ids, logits_at=slice(4, 8)).logits
-        packed = model(ids, logits_at=slice(4, 8), logits_keep=keep).logits
+        pruned = model(ids, request=LogitsRequest(rows=slice(4, 8))).logits
+        packed = model(ids, request=LogitsRequest(rows=slice(4, 8), keep=keep)).logits
         with bench.naive_pipeline():
-            full = model(ids, logits_at=slice(4, 8)).logits
-            full_packed = model(ids, logits_at=slice(4, 8), logits_keep=keep).logits
+            full = model(ids, request=LogitsRequest(rows=slice(4, 8))).logits
+            full_packed = model(ids, request=LogitsRequest(rows=slice(4, 8), keep=keep)).logits
             assert scoring.score_targets is bench.naive_score_targets  # the likelihood estimator every method shares
     assert full.shape == pruned.shape and torch.equal(full, pruned)
     assert full_packed.shape == (3, full.shape[-1]) and torch.equal(full_packed, packed)

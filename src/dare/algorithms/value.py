@@ -25,6 +25,8 @@ import copy
 import torch
 from torch import nn
 
+from ..models import LogitsRequest
+
 
 class ValueModel(nn.Module):
     """The policy's network (a copy) with a zero-initialised ``value_head``; ``forward`` returns per-position values."""
@@ -56,7 +58,7 @@ class ValueModel(nn.Module):
         """Values ``[B, L]`` (fp32, zero elsewhere) at the ``targets [B, L]`` positions, read from the rows that
         predict them (``adapter.prediction_rows``), as ``score_targets`` reads log-probs."""
         out = self.lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, layout=layout,
-                      return_hidden=True, compute_logits=False)
+                      request=LogitsRequest.hidden_states())
         b, col = targets.nonzero(as_tuple=True)
         rows = self.adapter.prediction_rows(col)
         values = self.value_head(out.hidden_states[b, rows]).squeeze(-1).float()

@@ -6,7 +6,7 @@ group-limited routing. Module and parameter names follow Hugging Face Llama/Qwen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,7 @@ from .cache import KVCache
 from . import planning
 from .experts import GroupedExperts, route
 from .fused import FusedProjections
+from .outputs import QuerySel
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,8 +97,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_preci
         out = xr * cos + xr.roll(rot // 2, -1) * sin
     return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
 
-
-QuerySel = Union[slice, torch.Tensor]
 
 
 def take_rows(t: torch.Tensor, sel: Optional[QuerySel], dim: int = 1) -> torch.Tensor:

@@ -142,7 +142,7 @@ class SimulatedRollout(RolloutStage):
 
     def _completed(self, prompts, model, sampler):
         """A finished rollout of the kept prompts: every completion ``gen_length`` ordinary tokens."""
-        from ..rollout.api import Rollout
+        from ..rollout.result import Rollout
         ids = torch.tensor(prompts["prompt_tokens"][:self.kept], dtype=torch.long).repeat_interleave(self.group, 0)
         N, P, G = ids.shape[0], ids.shape[1], sampler.gen_length
         avoid = special_ids(model.adapter)
@@ -160,7 +160,7 @@ class SimulatedRollout(RolloutStage):
 
     @staticmethod
     def _trajectory(comp, S: int, model):
-        from ..rollout.api import Trajectory
+        from ..rollout.result import Trajectory
         N, G = comp.shape
         revealed = (torch.arange(G)[None, :] < (torch.arange(S)[:, None] * G // S))  # [S, G] before step s
         states = torch.where(revealed[None], comp[:, None, :], torch.tensor(model.adapter.mask_token_id))
