@@ -1,6 +1,8 @@
 """Scoring views with the policy: all views of one shape in one forward, and one backward per view.
 
-``score_views`` batches: a parameter that several forwards of one loss use gets its gradient from autograd only once
+``score_views`` batches the views of a differentiated loss (without gradients it scores one view per forward: a
+trajectory replay's dozens of views in one batch would multiply the scoring's activations). Why: a parameter that
+several forwards of one loss use gets its gradient from autograd only once
 all of them are differentiated, so each forward's partial gradient waits in autograd's buffer meanwhile; under FSDP2
 those are the *unsharded* gradients of every layer at once (LLaDA2.0-mini Coupled-GRPO's three views held 32.5 GiB
 of them per GPU, ``dare plan``), and FSDP2 reduce-scatters zeros for the earlier forwards. One batched forward also
@@ -47,8 +49,9 @@ def score_view(model, view: View, chunk_size: Optional[int] = DEFAULT_CHUNK, wit
 
 def score_views(model, views: list[View], chunk_size: Optional[int] = DEFAULT_CHUNK,
                 with_entropy: bool = False) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """``score_view`` of each view, all views in one forward when they have one shape (see the module docstring)."""
-    if len(views) < 2 or not _one_forward(views):
+    """``score_view`` of each view, all views in one forward when they have one shape and gradients flow (see the
+    module docstring)."""
+    if len(views) < 2 or not torch.is_grad_enabled() or not _one_forward(views):
         return [score_view(model, v, chunk_size, with_entropy) for v in views]
 
     def cat(name):
