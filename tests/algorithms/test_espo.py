@@ -17,7 +17,7 @@ from dare.trainer import stages
 from dare.trainer.loop import Trainer
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
                                            brute_force_logp)
-from tests.algorithms.helpers import rl_batch
+from tests.algorithms.helpers import is_block_family, rl_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def run_rl_recipe(tmp_path, name, family, *overrides):
 
     Shared by the end-to-end tests of the sequence-ELBO / MC algorithms (Coupled-GRPO, SPG, wd1, BGPO, ESPO, EBPO).
     """
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
+    block = 4 if is_block_family(family) else 8
     recipe = load_recipe(ROOT / f"recipes/rl/{name}.yaml", [
         f"model.path=tiny:{family}", "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2",
         "train.batch_size=2", "train.micro_batch_size=4", "rollout.group_size=4",
@@ -267,7 +267,7 @@ def learns_toy_reward(tmp_path, name, family, *overrides, recipe=None, sampler=N
     ``recipe``: a recipe path relative to the repository (default ``recipes/rl/<name>.yaml``); ``sampler``: the
     rollout sampler as a YAML mapping (default: 8 tokens, the family's tiny block, 8 steps at temperature 1).
     Returns the per-step mean rewards."""
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
+    block = 4 if is_block_family(family) else 8
     sampler = sampler or f"{{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}"
     recipe = load_recipe(ROOT / (recipe or f"recipes/rl/{name}.yaml"), [
         f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
