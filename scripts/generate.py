@@ -133,7 +133,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", choices=list(ARTIFACTS), default=None, help="these artifacts only")
     args = ap.parse_args(argv)
     chosen = {n: f for n, f in ARTIFACTS.items() if args.only is None or n in args.only}
-    changes = stale(chosen)
+    try:
+        changes = stale(chosen)
+    except ValueError as e:  # a source that cannot be rendered (a doc without its markers): say which, fail
+        print(f"error: {e}")
+        return 1
     for name, path, text in changes:
         what = "not generated any more" if text is None else "missing" if not path.is_file() else "stale"
         print(f"{'' if args.check else 'updating '}{_shown(path)}: {what} ({name})")
