@@ -23,7 +23,8 @@ def test_the_checked_in_table_is_rendered_from_its_stored_data():
     for fam in data["families"]:  # every method of the table has its settings and measurements
         assert fam["anchor"] in {e["algorithm"] for e in fam["methods"]}
         for e in fam["methods"]:
-            assert e["seeds"] >= 1 and {"mu", "steps", "prompts_per_step", "lr", "grad_clip", "temperature"} <= set(e["settings"])
+            assert e["seeds"] >= 1
+            assert {"mu", "steps", "prompts_per_step", "lr", "grad_clip", "temperature"} <= set(e["settings"])
 
 
 def test_report_only_renders_the_stored_data_byte_for_byte(tmp_path, capsys):
@@ -51,7 +52,8 @@ def test_data_from_runs_round_trips_through_its_file(tmp_path):
     stored = load_data(tmp_path / "comparison.json")
     assert stored == data and render_table(stored) == compare_table(results, "sudoku")
     entry = stored["families"][0]["methods"][0]
-    assert entry["algorithm"] == "coupled_grpo" and entry["seeds"] == 2 and entry["change"] == pytest.approx(0.6061728 - 0.41)
+    assert entry["algorithm"] == "coupled_grpo" and entry["seeds"] == 2
+    assert entry["change"] == pytest.approx(0.6061728 - 0.41)
     table = render_table(stored)
     assert "| llada | coupled_grpo (default) | 2 | 24 x 8 | 3.33e-05 | 0.2 | 1 | - |" in table
     assert "| llada | d1 | 2 | 24 x 8 |" in table and "| 1 seed |" in table and "| 1 | - | 1.0 |" in table

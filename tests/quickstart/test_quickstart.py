@@ -1,4 +1,5 @@
-"""The embedded default: the shipped checkpoints, their recipes and a short ``dare quickstart`` (``dare compare``: tests/comparison/)."""
+"""The embedded default: the shipped checkpoints, their recipes and a short ``dare quickstart`` (the tests of
+``dare compare`` are in tests/comparison/)."""
 import json
 from pathlib import Path
 

@@ -75,7 +75,8 @@ def comparison_data(results: dict, bench: str) -> dict:
         families.append({
             "family": family, "checkpoint": res.get("checkpoint"), "task": res.get("task"), "anchor": res.get("anchor"),
             "baseline": {"mean_score": base["mean_score"], "accuracy": base["accuracy"]},
-            "methods": [_method_entry(algo, runs, bench, base["mean_score"]) for algo, runs in sorted(res["runs"].items())],
+            "methods": [_method_entry(algo, runs, bench, base["mean_score"])
+                        for algo, runs in sorted(res["runs"].items())],
             "failed": dict(sorted(res.get("failed", {}).items()))})
     return {"benchmark": bench, "families": families}
 
