@@ -62,3 +62,22 @@ def test_int_accepted_for_float_but_not_bool_for_int():
 def test_override_must_have_equals():
     with pytest.raises(ConfigError, match="key=value"):
         apply_overrides({}, ["steps"])
+
+
+def test_a_key_given_twice_in_a_recipe_names_the_key_and_both_lines(tmp_path):
+    # YAML keeps the last of two equal keys without a word: here the first optim section (lr 3e-3) would vanish.
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("optim:\n  lr: 3e-3\nsteps: 2\noptim:\n  schedule: cosine\n")
+    with pytest.raises(ConfigError, match=r"twice\.yaml: key 'optim' appears twice \(lines 1 and 4\)"):
+        load_config(Recipe, recipe)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("optim:\n  lr: 3e-3\n  lr: 1e-5\n")
+    with pytest.raises(ConfigError, match=r"key 'optim.lr' appears twice \(lines 2 and 3\)"):
+        load_config(Recipe, nested)
+    from dare.config import load_yaml
+    assert load_yaml(_write(tmp_path / "ok.yaml", "a:\n  x: 1\nb:\n  x: 2\n")) == {"a": {"x": 1}, "b": {"x": 2}}
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path

@@ -51,9 +51,11 @@ class _Oracle:
         texts = [self.answers[tuple(p)] for p in prompts for _ in range(n)]
         lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]
         mask = torch.nn.utils.rnn.pad_sequence([torch.ones(m) for m in lengths], batch_first=True)
+        # Valid tokens exclude the stop token; no forward count, as a rollout that does not count them.
         return SimpleNamespace(texts=lambda tokenizer: list(texts), completion_mask=mask, num_steps=None,
                                prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
-                               sample_index=torch.arange(n).repeat(len(prompts)))
+                               sample_index=torch.arange(n).repeat(len(prompts)), row_nfe=None,
+                               valid_lengths=lambda: torch.tensor(lengths) - 1)
 
 
 def _oracle(tok, names, template, corrupt=False):
@@ -171,3 +173,15 @@ def test_summary_best_of_k_and_pass_at_k():
     assert s["best_of_k_mean"] == 0.625 and s["pass_at_k"] == 0.5 and s["accuracy"] == 0.25
     one = summarize(bench, recs[::2], n_examples=2)
     assert one["k"] == 1 and one["best_of_k_mean"] == one["mean_score"] and one["pass_at_k"] == one["accuracy"]
+
+
+def test_samples_per_benchmark_override(tmp_path, tiny_llada, tiny_tok, one_thread):
+    """n_samples_overrides (AIME's repeat-8 in the Table 2 recipes): k samples of that benchmark's examples only."""
+    res = evaluate(tiny_llada, tiny_tok, "sudoku,countdown", SMALL, output_dir=tmp_path, limit=2, template="compact",
+                   n_samples_overrides={"sudoku": 3}, progress=False, reward_workers=1)
+    assert (res["benchmarks"]["sudoku"]["n_samples"], res["benchmarks"]["countdown"]["n_samples"]) == (6, 2)
+    recs = [json.loads(x) for x in (tmp_path / "sudoku.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["sample"]) for r in recs) == [(f"sudoku/test/{i}", j) for i in range(2) for j in range(3)]
+    assert json.loads((tmp_path / "sudoku.meta.json").read_text())["n_samples"] == 3
+    with pytest.raises(ValueError, match="n_samples_overrides"):
+        RunOptions(n_samples_overrides={"aime24": 0})

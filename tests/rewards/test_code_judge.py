@@ -65,7 +65,6 @@ HONEST = {
                                        "assert f(1) == 6 and f(1, c=10) == 13 and f(a=0, b=0, c=0) == 0\n"),
     "a module the program imported": ("import math\ndef f(x):\n    return math.sqrt(x)\n",
                                       "assert math.isclose(f(2.0), 1.4142135, rel_tol=1e-6)\n"),
-    "a constant of the program": ("LIMIT = [1, 2]\ndef f():\n    return 3\n", "assert f() == 3 and LIMIT == [1, 2]\n"),
     "a returned function": ("def adder(n):\n    def add(x):\n        return x + n\n    return add\n",
                             "assert adder(2)(3) == 5\n"),
     "str and len of an object": (
@@ -112,6 +111,14 @@ def test_the_tests_never_enter_the_candidates_process():
     spy = ("import sys\nsource = open(__file__).read() + ' '.join(sys.argv)\nsource = source.replace('ass' + 'ert', '', 1)\n"
            "def f(x):\n    return ('ass' + 'ert') in source or ('secret' + '-expected') in source\n")
     assert run_judged(spy, "assert f(1) is False  # secret-expected\n").passed
+
+
+def test_values_the_tests_read_come_from_the_tests_never_from_the_program():
+    # A test that reads a value it does not define (an input its setup should build) fails, instead of letting the
+    # program choose the input: bundled MBPP row 356 lost its setup, and programs defined root, root1, root2 themselves.
+    result = run_judged("LIMIT = [1, 2]\nroot = 0\ndef f(x):\n    return x == 0\n", "assert f(root)\n")
+    assert not result.passed and "NameError: name 'root' is not defined" in result.output
+    assert run_judged("def f(x):\n    return x == 0\n", "root = 0\nassert f(root)\n").passed
 
 
 def test_the_judge_refuses_objects_it_cannot_send():
@@ -171,3 +178,32 @@ def test_frames_are_bounded(tmp_path):
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+# ------------------------------------------------------------------------------ bundled tests are self-contained
+# Classes a task asks the program to write, which its tests construct (the only names a test may take from it besides
+# the entry point). Anything else a test reads must be its own, a builtin or a standard-library module.
+TASK_CLASSES = {"mbpp/test/356": {"Node"}}
+
+
+@pytest.mark.parametrize("name", ["mbpp", "humaneval"])
+def test_every_bundled_test_defines_the_names_it_reads(name):
+    import builtins
+    import sys
+
+    from dare.data import DataConfig, load_examples
+    from dare.rewards.code_reward import infer_entry_point
+    from dare.rewards.sandbox_child import _names_used
+
+    missing = {}
+    for ex in load_examples(DataConfig(name=name, split="test")):
+        gt = ex["ground_truth"]
+        read, defined = _names_used(gt["tests"])
+        if gt.get("prefix"):
+            defined |= _names_used(gt["prefix"])[1]
+        entry = gt["entry_point"] or infer_entry_point(gt["tests"])
+        outside = {n for n in read - defined - {entry} - TASK_CLASSES.get(ex["id"], set())
+                   if not hasattr(builtins, n) and n not in sys.stdlib_module_names}
+        if outside:
+            missing[ex["id"]] = sorted(outside)
+    assert missing == {}

@@ -18,73 +18,15 @@ from pathlib import Path
 
 import pytest
 
-import dare
 from dare.rewards import (
-    SandboxLimits, available_isolations, build_program, detect_isolation, extract_code, get_reward, run_python,
-    set_code_limits,
+    SandboxLimits, build_program, detect_isolation, extract_code, run_code, run_python, set_code_limits,
 )
-from dare.rewards.code_reward import code_limits
 from dare.rewards.sandbox import _UID_BASE, _UID_SLOTS
 
-HUMANEVAL = Path(dare.__file__).parent / "assets" / "data" / "human-eval" / "HumanEval.jsonl.gz"
-IS_ROOT = os.geteuid() == 0
-MODES = available_isolations()
-code = get_reward("code")
-# Short limits keep each hostile case within a few seconds.
-HOSTILE_LIMITS = SandboxLimits(timeout=2.0, memory_bytes=256 << 20, max_processes=12, max_output=64 << 10)
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    previous = code_limits()
-    set_code_limits(HOSTILE_LIMITS, request.param)
-    yield request.param
-    set_code_limits(*previous)
-
-
-def needs_containment(mode, what):
-    """The fallback without root cannot stop a program acting as our own user (documented)."""
-    if mode == "none" and not IS_ROOT:
-        pytest.skip(f"fallback sandbox as an ordinary user does not contain {what} (install bubblewrap)")
-
-
-def leftovers(*markers: str) -> list[str]:
-    """Live processes whose command line holds a marker, or that run as a sandbox uid."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-            uid = os.stat(f"/proc/{entry}").st_uid
-        except (OSError, IndexError):
-            continue
-        if state == b"Z":
-            continue
-        if any(m in cmdline for m in markers) or (IS_ROOT and _UID_BASE <= uid < _UID_BASE + _UID_SLOTS):
-            found.append(f"{entry} uid={uid} {cmdline[:120]}")
-    return found
-
-
-def assert_nothing_left(*markers: str) -> None:
-    deadline = time.monotonic() + 3.0
-    while (left := leftovers("dare-sandbox-", *markers)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, f"processes outlived the sandbox: {left}"
-
-
-def example(tests: str, prefix: str = "", entry_point=None) -> dict:
-    return {"task": "mbpp", "ground_truth": {"tests": tests, "entry_point": entry_point, "prefix": prefix}}
-
-
-ESCAPED = example("assert escaped() is True")
-
-
-def assert_sandbox_still_works():
-    assert code("def f():\n    return 2\n", example("assert f() == 2")) == 1.0
+from tests.rewards.sandbox_battery import (
+    ESCAPED, HOSTILE_LIMITS, HUMANEVAL, IS_ROOT, MODES, assert_nothing_left, assert_sandbox_still_works, code, example,
+    needs_containment,
+)
 
 
 # ------------------------------------------------------------------------------------ correct programs
@@ -370,6 +312,65 @@ def test_reward_hacks_score_zero(mode, hack):
     result = score_batch("code", [REWARD_HACKS[hack]], [ADD], workers=0)[0]
     assert result.score == 0.0, hack
     assert_nothing_left()
+
+
+# Candidate objects in shapes other than ``==``: each program below is wrong but scored 1.0 when the judge resolved a
+# name in the candidate, ran a method of a returned object in the candidate, or re-raised its StopIteration.
+TRUSTED_SHAPES = {
+    "math defined by the candidate (tests use math.isclose without importing it)": (
+        example("assert math.isclose(area(2), 12.566370614359172, rel_tol=1e-9)\n"),
+        "import math\ndef area(r):\n    return math.pi * r * r\n",
+        "class _Lenient:\n    def isclose(self, *args, **kwargs):\n        return True\nmath = _Lenient()\n"
+        "def area(r):\n    return 0\n"),
+    "a method called on the returned value": (
+        {"task": "humaneval", "ground_truth": {"tests": "def check(candidate):\n    assert candidate('hello').startswith('olleh')\n",
+                                               "entry_point": "rev", "prefix": ""}},
+        "def rev(s):\n    return s[::-1]\n",
+        "class _Yes:\n    def startswith(self, *args):\n        return True\ndef rev(s):\n    return _Yes()\n"),
+    "StopIteration inside all(map(...))": (
+        example("assert all(map(lambda p: add(*p) == p[0] + p[1], [(1, 2), (3, 4)]))\n"),
+        "def add(a, b):\n    return a + b\n",
+        "def add(a, b):\n    raise StopIteration\n"),
+    "StopIteration inside a for loop over map": (
+        example("for ok in map(lambda p: add(*p) == p[0] + p[1], [(1, 2), (3, 4)]):\n    assert ok\nassert add(5, 6) == 11\n"),
+        "def add(a, b):\n    return a + b\n",
+        "calls = []\ndef add(a, b):\n    calls.append(1)\n    if len(calls) == 1:\n        raise StopIteration\n    return a + b\n"),
+    "a module of the candidate's choosing imported by the judge": (
+        example("assert add(1, 2) == 3\n"),
+        "def add(a, b):\n    return a + b\n",
+        "import types\nadd = types.ModuleType('this')\n"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(TRUSTED_SHAPES))
+def test_the_judge_trusts_no_candidate_object(mode, shape):
+    ex, honest, hostile = TRUSTED_SHAPES[shape]
+    assert code(honest, ex) == 1.0
+    result = run_code(hostile, ex)
+    assert not result.passed, shape
+    assert "Beautiful is better than ugly" not in result.output  # `import this` never ran in the judge
+    assert_nothing_left()
+
+
+def test_bundled_mbpp_356_builds_its_trees_in_the_tests(mode):
+    # The bundled row had lost MBPP's test_setup_code, so the candidate supplied root, root1 and root2 itself.
+    from dare.data import DataConfig, load_examples
+    row = next(e for e in load_examples(DataConfig(name="mbpp", split="test")) if e["id"] == "mbpp/test/356")
+    node = "class Node:\n    def __init__(self, data):\n        self.data, self.left, self.right = data, None, None\n"
+    honest = (node + "def height(n):\n    return 0 if n is None else 1 + max(height(n.left), height(n.right))\n"
+              "def is_tree_balanced(root):\n    if root is None:\n        return True\n"
+              "    return (abs(height(root.left) - height(root.right)) <= 1 and is_tree_balanced(root.left)\n"
+              "            and is_tree_balanced(root.right))\n")
+    own_trees = node + "root, root1, root2 = 0, 1, 0\ndef is_tree_balanced(r):\n    return r == 1\n"
+    assert code(honest, row) == 1.0
+    assert code(own_trees, row) == 0.0
+
+
+def test_a_sandbox_timeout_is_reported_as_a_timeout(mode):
+    from dare.rewards import score_batch
+    looping = "def f():\n    while True:\n        pass\n"
+    results = score_batch("code", [looping, "def f():\n    return 1\n"], [example("assert f() == 1")] * 2, timeout=1.5)
+    assert [(r.score, r.reason) for r in results] == [(0.0, "timeout"), (1.0, None)]
 
 
 # ------------------------------------------------------------------------------------------ plumbing

@@ -37,6 +37,7 @@ def test_every_fixture_folder_has_required_cases():
 def test_reference_decode(case):
     r = generate(_model(case.folder, case.dtype), [case.prompt], case.config)
     _check_tokens(case, r.completion_ids[0], r.completion_mask[0])
+    assert int(r.row_nfe[0]) == r.nfe  # one prompt: its own NFE is every forward (the reference's count below)
     if case.nfe_offset is not None:
         expected = case.ref_nfe + case.nfe_offset
         assert r.nfe == expected if case.nfe_relation == "eq" else r.nfe <= expected

@@ -166,6 +166,24 @@ def test_checkpoints_without_a_manifest_still_name_a_truncated_rng_file(tmp_path
         Trainer(sft_recipe(tmp_path, "train.steps=3"))
 
 
+def test_a_checkpoint_missing_its_shard_and_manifest_falls_back_to_the_previous_intact_one(tmp_path, caplog):
+    # Without a manifest there is nothing to check sizes against, so the checkpoint is checked against itself:
+    # every file its DCP metadata names must be there (a manifest-less checkpoint may come from an older dare).
+    ck = two_checkpoints(tmp_path)
+    (ck / "step-2" / MANIFEST).unlink()
+    shard = next((ck / "step-2" / "dcp").glob("*.distcp"))
+    shard.unlink()
+    assert f"dcp/{shard.name} is missing" in verify(ck / "step-2")
+    with caplog.at_level(logging.WARNING):
+        t = Trainer(sft_recipe(tmp_path, "train.steps=3"))
+    assert t.start_step == 1
+    assert f"skipped damaged checkpoint(s) step-2: dcp/{shard.name} is missing" in caplog.text
+    t.close()
+    (ck / "step-1" / "dcp" / ".metadata").unlink()
+    (ck / "step-1" / MANIFEST).unlink()
+    assert "dcp/.metadata is missing" in verify(ck / "step-1")
+
+
 def test_non_finite_weights_at_load_name_the_tensor(tmp_path):
     t = Trainer(sft_recipe(tmp_path, "train.steps=2"))
     t.train_step(0)

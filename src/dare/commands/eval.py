@@ -7,6 +7,7 @@ table); an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -41,9 +42,14 @@ def add_arguments(p):
     p.add_argument("--lm-eval-include-path", default=None, help="folder of extra lm-eval task YAMLs")
     p.add_argument("--mc-num", type=int, default=None, help="ELBO Monte-Carlo samples for lm-eval loglikelihood")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config field (dotted)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="evaluate once per value (any config field, e.g. sampler.threshold=0.5,0.7,0.9,1.0; a bare "
+                        "sampler field name works too; repeat for a grid) and write the accuracy-vs-TPF frontier "
+                        "(frontier.md, frontier.png) to --output-dir")
 
 
-def build_config(args):
+def build_config(args, last: tuple = ()):
+    """The run's ``EvalConfig``; ``last`` are overrides applied after the recipe and every flag (a sweep's setting)."""
     from dare.config import apply_overrides, from_dict, load_yaml
     from dare.eval.config import EvalConfig
 
@@ -75,10 +81,27 @@ def build_config(args):
     if args.mc_num is not None:
         lm["mc_num"] = args.mc_num
     data["lm_eval"] = lm
+    if last:
+        data = apply_overrides(data, list(last))
     cfg = from_dict(EvalConfig, data)
     if not cfg.models:
         raise ValueError("no model to evaluate: give --model PATH (or tiny:<family>) or models: in the recipe")
     return cfg
+
+
+def lm_eval_groups(cfg, sampler) -> list:
+    """[(sampler, fixed_gen_length, [tasks])]: tasks named in ``sampler_overrides`` decode with their own settings
+    (a ``gen_length`` given there is kept whatever the task's max_gen_toks says: a published per-task length)."""
+    from types import SimpleNamespace
+
+    from dare.eval.runner import sampler_for
+
+    groups: dict = {}
+    for task in cfg.lm_eval.tasks:
+        own = sampler_for(SimpleNamespace(name=task), sampler, cfg.sampler_overrides)
+        fixed = "gen_length" in (cfg.sampler_overrides.get(task) or {})
+        groups.setdefault((repr(own), fixed), (own, fixed, []))[2].append(task)
+    return list(groups.values())
 
 
 def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
@@ -89,21 +112,26 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    sampler = sampler_for_model(cfg.sampler, model, cfg.model_block_length)
-    lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler, mc_num=cfg.lm_eval.mc_num,
-                mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
-                batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length)
     tm = TaskManager(include_path=cfg.lm_eval.include_path) if cfg.lm_eval.include_path else TaskManager()
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(cfg.lm_eval.tasks), num_fewshot=cfg.lm_eval.num_fewshot,
-                                  limit=cfg.limit, task_manager=tm, apply_chat_template=cfg.lm_eval.apply_chat_template,
-                                  log_samples=False, bootstrap_iters=0, random_seed=cfg.seed, numpy_random_seed=cfg.seed,
-                                  torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
     summaries = {}
-    for task, metrics in (out or {}).get("results", {}).items():
-        values = {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
-        key = next((m for m in ("acc_norm", "acc", "exact_match", "pass@1") if m in values), next(iter(values), None))
-        summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
-                           "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
+    for sampler, fixed, tasks in lm_eval_groups(cfg, sampler_for_model(cfg.sampler, model, cfg.model_block_length)):
+        lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler, mc_num=cfg.lm_eval.mc_num,
+                    mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
+                    batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length, fixed_gen_length=fixed)
+        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=cfg.lm_eval.num_fewshot, limit=cfg.limit,
+                                      task_manager=tm, apply_chat_template=cfg.lm_eval.apply_chat_template,
+                                      log_samples=False, bootstrap_iters=0, random_seed=cfg.seed,
+                                      numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+        for task, metrics in (out or {}).get("results", {}).items():
+            values = {k.split(",")[0]: v for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k}
+            key = next((m for m in ("acc_norm", "acc", "exact_match", "pass@1") if m in values), next(iter(values), None))
+            summaries[task] = {"benchmark": task, "metric": key, "score": round(100.0 * values[key], 2) if key else None,
+                               "lm_eval": values, "n_examples": out.get("n-samples", {}).get(task, {}).get("effective")}
+            c = lm.speed.get(task)
+            if c and c["samples"]:  # generative tasks: NFE per sample, TPF and tokens/s as for built-in benchmarks
+                summaries[task].update(nfe_per_sample=round(c["nfe"] / c["samples"], 3),
+                                       tpf=round(c["valid_tokens"] / c["nfe"], 4) if c["nfe"] else None,
+                                       tokens_per_second=round(c["valid_tokens"] / c["seconds"], 2) if c["seconds"] else None)
     return summaries
 
 
@@ -129,7 +157,9 @@ def run(args) -> int:
     from dare.models.model_spec import resolve_device
     from dare.trainer.run_folder import RunLock
 
-    cfg = build_config(args)
+    settings = sweep_settings(args.sweep)
+    cfgs = [build_config(args, s) for s in settings]  # every setting is validated before anything runs
+    cfg = cfgs[0]
     out = Path(cfg.output_dir)
     names = [model_name(m) for m in cfg.models]
     dupes = {n for n in names if names.count(n) > 1}
@@ -137,10 +167,48 @@ def run(args) -> int:
         raise ValueError(f"two models would share the output folder {sorted(dupes)}; give them distinct folder names")
     resolve_device(cfg.device)
     with RunLock(out, "dare eval"):  # two evaluations appending to the same JSONL files would duplicate records
-        return _run_models(cfg, out, names)
+        if not args.sweep:
+            _run_models(cfg, out, names)
+            return 0
+        from dare.eval.frontier import write_frontier
+
+        runs = []
+        for setting, c in zip(settings, cfgs):
+            label = " ".join(setting)
+            log.info("sweep: %s", label)
+            runs.append((label, _run_models(c, out / "sweep" / _folder(label), names, quiet=True)))
+        write_frontier(runs, out, ", ".join(s.split("=")[0] for s in args.sweep))
+        print((out / "frontier.md").read_text())
+        return 0
 
 
-def _run_models(cfg, out: Path, names: list) -> int:
+def sweep_settings(sweeps: list) -> list:
+    """``["sampler.threshold=0.5,0.9", ...]`` -> the grid of override tuples (one empty tuple without a sweep).
+
+    A bare sampler field name (``threshold``) means ``sampler.threshold``; values are YAML scalars (``null`` unsets)."""
+    import dataclasses
+    import itertools
+
+    from dare.rollout import SamplerConfig
+
+    sampler_fields = {f.name for f in dataclasses.fields(SamplerConfig)}
+    axes = []
+    for spec in sweeps:
+        key, sep, values = spec.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise ValueError(f"--sweep {spec!r}: expected KEY=V1,V2,... (e.g. sampler.threshold=0.5,0.7,0.9,1.0)")
+        if "." not in key and key in sampler_fields:
+            key = "sampler." + key
+        axes.append([f"{key}={v.strip()}" for v in values.split(",") if v.strip()])
+    return [tuple(combo) for combo in itertools.product(*axes)] if axes else [()]
+
+
+def _folder(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label.replace(" ", "__"))
+
+
+def _run_models(cfg, out: Path, names: list, quiet: bool = False):
     from dare.eval import evaluate, write_results
     from dare.models.model_spec import load_model_spec, resolve_device
     from dare.rewards import close_pool
@@ -164,7 +232,12 @@ def _run_models(cfg, out: Path, names: list) -> int:
     finally:
         close_pool()
     write_results(all_results, out)
-    table = (out / "results.md").read_text()
-    print(table)
+    if not quiet:
+        print((out / "results.md").read_text())
     log.info("wrote %s and %s", out / "results.md", out / "results.json")
-    return 0
+    return all_results
+
+
+def results_summary(path) -> list[dict]:
+    """Read a combined results.json back (for scripts)."""
+    return json.loads(Path(path).read_text())

@@ -114,16 +114,22 @@ def run(args) -> int:
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    from dare.eval.speed import rollout_speed
+
     tokens = int(r.completion_mask.sum())
+    valid, row_nfe = rollout_speed(r)
     texts = r.texts(tok) if tok is not None else None
     rows = []
     for i in range(r.completion_ids.shape[0]):
         n_tok = int(r.completion_mask[i].sum())
         rows.append({"prompt_index": int(r.prompt_index[i]), "sample": int(r.sample_index[i]),
                      "ids": r.completion_ids[i, :n_tok].tolist(), "text": texts[i] if texts is not None else None,
-                     "num_tokens": n_tok, "steps": int(r.num_steps[i])})
-    summary = {"nfe": r.nfe, "tokens": tokens, "seconds": round(seconds, 4),
-               "tokens_per_second": round(tokens / seconds, 2) if seconds > 0 else None,
+                     "num_tokens": n_tok, "valid_tokens": valid[i], "steps": int(r.num_steps[i]), "nfe": row_nfe[i],
+                     "tpf": round(valid[i] / row_nfe[i], 4) if row_nfe[i] else None})
+    # nfe: batched forwards of this call; nfe_per_sample / tpf: each sample's own forwards (docs/eval.md).
+    summary = {"nfe": r.nfe, "nfe_per_sample": round(sum(row_nfe) / len(row_nfe), 3), "tokens": tokens,
+               "valid_tokens": sum(valid), "tpf": round(sum(valid) / sum(row_nfe), 4) if sum(row_nfe) else None,
+               "seconds": round(seconds, 4), "tokens_per_second": round(sum(valid) / seconds, 2) if seconds > 0 else None,
                "model": args.model, "family": model.family, "device": str(model.device),
                "config": dataclasses.asdict(config)}
     if args.json:
@@ -132,5 +138,6 @@ def run(args) -> int:
     for row in rows:
         head = f"[prompt {row['prompt_index']} sample {row['sample']}]"
         print(f"{head} {row['text'] if row['text'] is not None else ','.join(map(str, row['ids']))}")
-    print(f"nfe={r.nfe} tokens={tokens} seconds={seconds:.3f} tokens/s={summary['tokens_per_second']}")
+    print(f"nfe={r.nfe} nfe/sample={summary['nfe_per_sample']} valid_tokens={summary['valid_tokens']} "
+          f"tpf={summary['tpf']} seconds={seconds:.3f} tokens/s={summary['tokens_per_second']}")
     return 0

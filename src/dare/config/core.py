@@ -15,7 +15,7 @@ import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Mapping, Optional, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -222,12 +222,45 @@ def _yaml_float_loader():
 _LOADER = _yaml_float_loader()
 
 
+def _duplicate_key(node, path: str = "") -> Optional[str]:
+    """``"key 'a.b' appears twice (lines M and N)"`` for the first mapping key given twice under ``node`` (a composed
+    YAML node), else None. YAML loaders keep the last value silently, which drops a whole recipe section."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                name = f"{path}.{key_node.value}" if path else str(key_node.value)
+                line = key_node.start_mark.line + 1
+                if key_node.value in seen:
+                    return f"key {name!r} appears twice (lines {seen[key_node.value]} and {line})"
+                seen[key_node.value] = line
+                found = _duplicate_key(value_node, name)
+            else:
+                found = _duplicate_key(value_node, path)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _duplicate_key(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _load_checked(text: str, source: str):
+    """YAML ``text`` as Python data; a key given twice in one mapping is a ``ConfigError`` naming it and both lines."""
+    problem = _duplicate_key(yaml.compose(text, Loader=_LOADER))
+    if problem:
+        raise ConfigError(f"{source}: {problem}; remove one (YAML would silently keep the last)")
+    return yaml.load(text, Loader=_LOADER)
+
+
 def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.load(path.read_text(), Loader=_LOADER)
+        data = _load_checked(path.read_text(), str(path))
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from e
     if data is None:

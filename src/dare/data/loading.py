@@ -27,15 +27,19 @@ def _hf_records(hf_id: str, config: Optional[str], split: str) -> Iterator[Recor
         yield Record(source, i, None, dict(row))
 
 
+_NO_FIXES = {"bad": {}, "setup": {}}
+
+
 def _resolve(cfg: DataConfig, policy: BadRowPolicy):
-    """(records, layout name, id prefix, dataset short name, default task, known-bad rows) for the configured source."""
+    """(records, layout name, id prefix, dataset short name, default task, fixes) for the configured source; ``fixes``
+    holds the bundled file's known-bad rows and restored test setup code (``DatasetSpec``)."""
     if cfg.path:
         path = Path(cfg.path).expanduser()
         stem = path.name.split(".")[0]
-        return read_records(path, policy.handle), cfg.format, stem, stem, None, {}
+        return read_records(path, policy.handle), cfg.format, stem, stem, None, _NO_FIXES
     if cfg.hf:
         split = cfg.split
-        return _hf_records(cfg.hf, cfg.hf_config, split), cfg.format, f"{cfg.hf}/{split}", cfg.hf.split("/")[-1], None, {}
+        return _hf_records(cfg.hf, cfg.hf_config, split), cfg.format, f"{cfg.hf}/{split}", cfg.hf.split("/")[-1], None, _NO_FIXES
     spec = get_dataset(cfg.name)
     bundled = spec.bundled(cfg.split)
     hf = spec.hf.get(cfg.split)
@@ -43,18 +47,19 @@ def _resolve(cfg: DataConfig, policy: BadRowPolicy):
         if bundled is None:
             raise ValueError(f"dataset {cfg.name!r} has no bundled split {cfg.split!r} (bundled: "
                              f"{', '.join(sorted(spec.files)) or 'none'}); set data.source: hf or give data.path")
-        known_bad = spec.known_bad.get(cfg.split, {})
-        return read_records(bundled, policy.handle), cfg.format, f"{cfg.name}/{cfg.split}", cfg.name, spec.task, known_bad
+        fixes = {"bad": spec.known_bad.get(cfg.split, {}), "setup": spec.restored_setup.get(cfg.split, {})}
+        return read_records(bundled, policy.handle), cfg.format, f"{cfg.name}/{cfg.split}", cfg.name, spec.task, fixes
     if hf is None:
         raise ValueError(f"dataset {cfg.name!r} has no split {cfg.split!r} (splits: {', '.join(spec.splits)})")
     fmt = cfg.format if cfg.format != "auto" else hf.format
-    return _hf_records(hf.path, hf.config, hf.split or cfg.split), fmt, f"{cfg.name}/{cfg.split}", cfg.name, spec.task, {}
+    return _hf_records(hf.path, hf.config, hf.split or cfg.split), fmt, f"{cfg.name}/{cfg.split}", cfg.name, spec.task, _NO_FIXES
 
 
 def iter_examples(cfg: DataConfig, policy: Optional[BadRowPolicy] = None) -> Iterator[dict]:
     """Examples in file order; bad rows raise (``on_bad_row: error``) or are logged and skipped."""
     policy = policy or BadRowPolicy(cfg.on_bad_row)
-    records, fmt, prefix, source, task, known_bad = _resolve(cfg, policy)
+    records, fmt, prefix, source, task, fixes = _resolve(cfg, policy)
+    known_bad, setups = fixes["bad"], fixes["setup"]
     layout = None if fmt == "auto" else get_layout(fmt)
     ctx = Context(prefix, source, cfg.task)
     for rec in records:
@@ -64,7 +69,10 @@ def iter_examples(cfg: DataConfig, policy: Optional[BadRowPolicy] = None) -> Ite
         if layout is None:
             layout = detect_layout(rec)
         try:
-            ex = validate_example(layout.parse(rec, ctx), rec.loc)
+            ex = layout.parse(rec, ctx)
+            if rec.row in setups and isinstance(ex.get("ground_truth"), dict):  # documented in the registry
+                ex["ground_truth"] = {**ex["ground_truth"], "tests": setups[rec.row] + ex["ground_truth"]["tests"]}
+            ex = validate_example(ex, rec.loc)
             if task is not None and cfg.task is None and ex["task"] != task:
                 raise DataError(f"{rec.loc}: row parsed as task {shown(ex['task'])}, but dataset {source!r} is {task!r}")
         except DataError as e:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .config import DataConfig
+from .limits import encode_within
 from .schema import BadRowPolicy, DataError
 from .templates import Prompt, Template, get_template
 
@@ -47,9 +48,12 @@ def render_prompt(example: dict, template="reasoning", tokenizer=None, system_pr
     return render(prompt, tokenizer, tpl, chat_template)
 
 
-def encode_prompt(text: str, tokenizer, chat_rendered: bool) -> list[int]:
+def encode_prompt(text: str, tokenizer, chat_rendered: bool, max_tokens: Optional[int] = None, what: str = "prompt",
+                  limit_text: str = "") -> list[int]:
+    """The prompt's ids; with ``max_tokens``, a text that certainly has more is a ``DataError`` raised before it is
+    tokenized (``dare.data.limits``), so a huge row cannot exhaust memory."""
     # A chat template already wrote any BOS it wants; a plain prompt gets the tokenizer's own specials.
-    return tokenizer(text, add_special_tokens=not chat_rendered)["input_ids"]
+    return encode_within(tokenizer, text, max_tokens, what, limit_text or f"{max_tokens}", add_special_tokens=not chat_rendered)
 
 
 def build_sft_example(example: dict, template="reasoning", tokenizer=None, system_prompt: Optional[str] = None,
@@ -91,6 +95,17 @@ class PromptedExample:
     input_ids: list[int]
 
 
+def _prompt_bound(cfg: DataConfig, budget: Optional[PromptBudget], ex: dict) -> tuple[Optional[int], str, str]:
+    """(token bound, what, limit text) that ``encode_prompt`` refuses a prompt over before tokenizing it."""
+    limits = []
+    if cfg.max_prompt_tokens is not None:
+        limits.append((cfg.max_prompt_tokens, f"max_prompt_tokens={cfg.max_prompt_tokens}"))
+    if budget is not None:
+        limits.append((budget.tokens, f"the prompt budget ({budget.reason})"))
+    tokens, text = min(limits) if limits else (None, "")
+    return tokens, f"example {ex['id']} (row {ex.get('index')}): prompt", text
+
+
 def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig, budget: Optional[PromptBudget] = None) -> list[PromptedExample]:
     """Render and tokenize every example; prompts over ``max_prompt_tokens`` or the model's ``budget`` follow
     ``on_bad_row`` (an error naming the row, or skipped)."""
@@ -101,7 +116,7 @@ def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig, budget: Opti
     for ex in examples:
         try:
             text = render_prompt(ex, tpl, tokenizer, cfg.system_prompt, cfg.chat_template, cfg.generation_prefix)
-            ids = encode_prompt(text, tokenizer, chat)
+            ids = encode_prompt(text, tokenizer, chat, *_prompt_bound(cfg, budget, ex))
             if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
                 raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, "
                                 f"over max_prompt_tokens={cfg.max_prompt_tokens}")

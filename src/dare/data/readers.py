@@ -20,6 +20,9 @@ from typing import Callable, Iterator, Optional
 from .schema import DataError, where
 
 FILE_TYPES = ("parquet", "jsonl", "json", "csv")
+# The longest line a text file may have: a line is read whole before it is parsed, so this bounds the memory one
+# row of a JSONL or CSV file can take (a longer line is a bad row; its bytes are skipped without being kept).
+MAX_LINE_BYTES = 64 << 20
 
 
 @dataclass
@@ -52,13 +55,35 @@ def _raise(err: DataError) -> None:
 OnBad = Callable[[DataError], None]
 
 
-def _binary_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def _binary_lines(path: Path) -> Iterator[tuple[int, Optional[bytes]]]:
+    """(line number, bytes) per line; None for a line longer than ``MAX_LINE_BYTES`` (skipped in 1 MiB pieces)."""
     opener = gzip.open if path.name.lower().endswith(".gz") else open
+    cap = MAX_LINE_BYTES
     with opener(path, "rb") as f:
-        yield from enumerate(f, start=1)
+        line_no = 0
+        while True:
+            raw = f.readline(cap + 1)
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > cap and not raw.endswith(b"\n"):
+                while True:
+                    piece = f.readline(1 << 20)
+                    if not piece or piece.endswith(b"\n"):
+                        break
+                yield line_no, None
+                continue
+            yield line_no, raw
 
 
-def _decode(raw: bytes, loc: str) -> str:
+def _too_long(loc: str) -> DataError:
+    return DataError(f"{loc}: the line has more than {MAX_LINE_BYTES} bytes (dare.data.readers.MAX_LINE_BYTES); "
+                     f"no row of text data is that long")
+
+
+def _decode(raw: Optional[bytes], loc: str) -> str:
+    if raw is None:
+        raise _too_long(loc)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -80,7 +105,7 @@ def _parquet(path: Path, on_bad: OnBad) -> Iterator[Record]:
 def _jsonl(path: Path, on_bad: OnBad) -> Iterator[Record]:
     row = 0
     for line_no, raw in _binary_lines(path):
-        if not raw.strip():
+        if raw is not None and not raw.strip():
             continue
         loc = where(str(path), row, line_no)
         row += 1  # a bad row keeps its number, so the ids of the rows after it do not depend on on_bad_row
@@ -99,7 +124,12 @@ def _jsonl(path: Path, on_bad: OnBad) -> Iterator[Record]:
 
 
 def _json(path: Path, on_bad: OnBad) -> Iterator[Record]:
-    raw = b"".join(line for _, line in _binary_lines(path))
+    lines = []
+    for line_no, line in _binary_lines(path):
+        if line is None:
+            raise _too_long(f"{path} (line {line_no})")
+        lines.append(line)
+    raw = b"".join(lines)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -169,6 +199,9 @@ def resolve_data_path(path) -> Path:
 def read_records(path, on_bad: Optional[OnBad] = None) -> Iterator[Record]:
     """Records of a local file; row-level problems go to ``on_bad`` (default: raise them)."""
     path = resolve_data_path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"data file {path} is a directory, not a file; name a .jsonl, .parquet, .json or .csv "
+                                f"file in it")
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     return _READERS[file_type(path)](path, on_bad or _raise)

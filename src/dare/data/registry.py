@@ -29,6 +29,9 @@ class DatasetSpec:
     description: str = ""
     # split -> {row: reason}: rows of a bundled file known to be unusable, dropped with a log line (not an error).
     known_bad: dict = field(default_factory=dict)
+    # split -> {row: code}: test setup code a bundled file lost, restored from the original dataset and run before the
+    # row's tests (without it the tests read names that only the candidate program could supply).
+    restored_setup: dict = field(default_factory=dict)
 
     @property
     def splits(self) -> list[str]:
@@ -72,9 +75,31 @@ register_dataset(DatasetSpec(
 register_dataset(DatasetSpec(
     "humaneval", "code", {"test": "human-eval/HumanEval.jsonl.gz", "test_dare": _T + "humaneval_1.parquet"},
     {"test": HFSource("openai/openai_humaneval", None, "test", "humaneval")}, "164 Python function completions"))
+# MBPP task 367 (bundled mbpp/test row 356, is_tree_balanced): its test_setup_code, which DARE's parquet dropped, from
+# google-research/google-research mbpp/mbpp.jsonl (CC-BY-4.0; line endings and trailing spaces normalised).
+_MBPP_367_SETUP = """root = Node(1)
+root.left = Node(2)
+root.right = Node(3)
+root.left.left = Node(4)
+root.left.right = Node(5)
+root.left.left.left = Node(8)
+root1 = Node(1)
+root1.left = Node(2)
+root1.right = Node(3)
+root1.left.left = Node(4)
+root1.left.right = Node(5)
+root1.right.left = Node(6)
+root1.left.left.left = Node(7)
+root2 = Node(1)
+root2.left = Node(2)
+root2.right = Node(3)
+root2.left.left = Node(4)
+root2.left.right = Node(5)
+root2.left.left.left = Node(7)
+"""
 register_dataset(DatasetSpec(
     "mbpp", "code", {"test": _T + "mbpp_1.parquet"}, {"test": HFSource("google-research-datasets/mbpp", "full", "test", "mbpp")},
-    "basic Python problems with assert tests (3-shot prompt)"))
+    "basic Python problems with assert tests (3-shot prompt)", restored_setup={"test": {356: _MBPP_367_SETUP}}))
 register_dataset(DatasetSpec(
     "aime24", "math", {"test": _T + "aime2024_1.parquet"}, {"test": HFSource("HuggingFaceH4/aime_2024", None, "train", "qa")},
     "AIME 2024 (30 problems)"))

@@ -5,7 +5,9 @@ the model, then ``lm_eval.simple_evaluate(model="dare", model_args="pretrained=P
 or pass a ``DareLM`` instance. ``pip install "dare[eval]"`` provides lm-eval; dare itself never imports it.
 
 * ``generate_until``: ``dare.rollout.generate`` with the configured ``SamplerConfig`` (``max_gen_toks`` sets the
-  generation length, rounded up to whole blocks); text is cut at the first ``until`` string.
+  generation length, rounded up to whole blocks, unless ``fixed_gen_length``); text is cut at the first ``until``
+  string. Documents of a task
+  exported by ``dare.eval.lm_eval_tasks`` are decoded with the seed ``dare eval`` uses for them.
 * ``loglikelihood``: the ELBO Monte-Carlo estimate (``mc_num`` samples, prompt clean, stratified mask counts,
   ``L/l`` weights; Dream's shifted logits and block-diffusion layouts handled); ``is_greedy`` from greedy
   low-confidence decoding of the continuation (``greedy_check=False`` skips it and reports False).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Optional
 
 import torch
@@ -26,6 +29,7 @@ from lm_eval.api.registry import register_model
 from ..diffusion.noise import derive_seed
 from ..rollout import SamplerConfig, generate
 from .likelihood import elbo_loglikelihood, greedy_matches
+from .speed import rollout_speed
 
 log = logging.getLogger(__name__)
 _SAMPLER_FIELDS = {f.name for f in dataclasses.fields(SamplerConfig)}
@@ -40,7 +44,7 @@ class DareLM(LM):
     def __init__(self, pretrained: Optional[str] = None, model=None, tokenizer=None, *, dtype: Optional[str] = None,
                  device: Optional[str] = None, mask_token_id: Optional[int] = None, mc_num: int = 32,
                  mc_batch_size: int = 32, greedy_check: bool = True, seed: int = 0, batch_size=1,
-                 max_length: Optional[int] = None, add_bos_token: bool = False,
+                 max_length: Optional[int] = None, add_bos_token: bool = False, fixed_gen_length: bool = False,
                  sampler: Optional[SamplerConfig] = None, **sampler_kwargs):
         super().__init__()
         unknown = set(sampler_kwargs) - _SAMPLER_FIELDS
@@ -63,6 +67,11 @@ class DareLM(LM):
         self.batch_size = 1 if str(batch_size).startswith("auto") else int(batch_size)
         self.max_length = int(max_length) if max_length else None
         self.add_bos_token = _as_bool(add_bos_token)
+        # A recipe that publishes a generation length per task (DARE's Table 2 settings) keeps it whatever the
+        # task's max_gen_toks says.
+        self.fixed_gen_length = _as_bool(fixed_gen_length)
+        # task -> {samples, nfe, valid_tokens, seconds} of generate_until requests (speed beside the score)
+        self.speed: dict[str, dict] = {}
         self._device = model.device
 
     # --- chat support (lm-eval --apply_chat_template) ---------------------------------------------
@@ -141,7 +150,7 @@ class DareLM(LM):
         cfg = self.sampler
         changes = {}
         max_toks = gen_kwargs.get("max_gen_toks")
-        if max_toks:
+        if max_toks and not self.fixed_gen_length:
             block = cfg.block_length
             length = int(math.ceil(int(max_toks) / block) * block)
             if length != cfg.gen_length:
@@ -151,6 +160,14 @@ class DareLM(LM):
         if "temperature" in gen_kwargs and gen_kwargs.get("do_sample", True):
             changes["temperature"] = float(gen_kwargs["temperature"])
         return dataclasses.replace(cfg, **changes) if changes else cfg
+
+    def _gen_seed(self, request) -> int:
+        """A document exported from a dare benchmark (``dare.eval.lm_eval_tasks``) carries the seed ``dare eval``
+        gives that example, so both harnesses draw the same samples; any other request's seed comes from its text."""
+        doc = getattr(request, "doc", None)
+        if isinstance(doc, dict) and doc.get("dare_seed") is not None:
+            return int(doc["dare_seed"])
+        return derive_seed(self.seed, "lm-eval-gen", request.args[0])
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         from tqdm import tqdm
@@ -181,8 +198,19 @@ class DareLM(LM):
                 if self.max_length and len(ids) + cfg.gen_length > self.max_length:
                     ids = ids[-max(1, self.max_length - cfg.gen_length):]
                 prompts.append(ids or self._prefix_token())
-            seeds = [derive_seed(self.seed, "lm-eval-gen", requests[i].args[0]) for i in idx]
-            texts = generate(self.model, prompts, cfg, seeds=seeds).texts(self.tokenizer)
+            seeds = [self._gen_seed(requests[i]) for i in idx]
+            t0 = time.perf_counter()
+            ro = generate(self.model, prompts, cfg, seeds=seeds)
+            seconds = time.perf_counter() - t0
+            texts = ro.texts(self.tokenizer)
+            for i, valid, nfe in zip(idx, *rollout_speed(ro)):
+                # Counted per task (lm-eval's Instance.task_name); a batch's time is shared out by rows.
+                c = self.speed.setdefault(getattr(requests[i], "task_name", None) or "?", dict.fromkeys(
+                    ("samples", "nfe", "valid_tokens", "seconds"), 0))
+                c["samples"] += 1
+                c["nfe"] += int(nfe)
+                c["valid_tokens"] += int(valid)
+                c["seconds"] += seconds / len(idx)
             for i, text in zip(idx, texts):
                 until = (requests[i].args[1] or {}).get("until") or []
                 for stop in [until] if isinstance(until, str) else until:

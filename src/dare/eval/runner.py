@@ -19,6 +19,7 @@ from ..diffusion.noise import derive_seed
 from ..rollout import SamplerConfig, generate
 from .benchmarks import Benchmark, resolve_benchmarks
 from .report import summarize, write_results
+from .speed import rollout_speed
 from .store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class RunOptions:
     chat_template: str = "auto"
     generation_prefix: Optional[str] = None
     sampler_overrides: dict[str, dict] = dataclasses.field(default_factory=dict)  # benchmark -> {sampler field: value}
+    n_samples_overrides: dict[str, int] = dataclasses.field(default_factory=dict)  # benchmark -> samples per example
     limit: Optional[int] = None
     batch_size: int = 8
     n_samples: int = 1
@@ -45,10 +47,14 @@ class RunOptions:
     progress: bool = True
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.n_samples < 1:
-            raise ValueError(f"batch_size and n_samples must be >= 1 (got {self.batch_size}, {self.n_samples})")
+        if self.batch_size < 1 or self.n_samples < 1 or any(int(k) < 1 for k in self.n_samples_overrides.values()):
+            raise ValueError(f"batch_size and n_samples must be >= 1 (got {self.batch_size}, {self.n_samples}, "
+                             f"n_samples_overrides {self.n_samples_overrides})")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1 (leave it unset for every example), got {self.limit}")
+
+    def samples_for(self, benchmark: str) -> int:
+        return int(self.n_samples_overrides.get(benchmark, self.n_samples))
 
 
 def sampler_for(bench: Benchmark, base: SamplerConfig, overrides: dict) -> SamplerConfig:
@@ -69,7 +75,7 @@ def _settings(bench: Benchmark, cfg: SamplerConfig, opt: RunOptions, template: s
     return {"model": model_name, "benchmark": bench.name, "dataset": f"{bench.dataset}/{bench.split}",
             "reward": bench.reward, "template": template, "system_prompt": opt.system_prompt,
             "chat_template": opt.chat_template, "generation_prefix": opt.generation_prefix, "seed": opt.seed,
-            "n_samples": opt.n_samples, "sampler": dataclasses.asdict(cfg)}
+            "n_samples": opt.samples_for(bench.name), "sampler": dataclasses.asdict(cfg)}
 
 
 def run_benchmark(model, tokenizer, bench: Benchmark, sampler_config: SamplerConfig, opt: RunOptions,
@@ -88,7 +94,7 @@ def run_benchmark(model, tokenizer, bench: Benchmark, sampler_config: SamplerCon
         raise ValueError(f"{bench.name}: no example left to evaluate (every row was skipped; see the warnings above)")
     path = Path(output_dir) / f"{bench.name}.jsonl" if output_dir is not None else None
     store = SampleStore(path, _settings(bench, cfg, opt, template, model_name), opt.resume)
-    n = opt.n_samples
+    n = opt.samples_for(bench.name)
     pending = [p for p in prompted if not all(store.done(p.example["id"], j) for j in range(n))]
     if len(pending) < len(prompted):
         log.info("%s: resuming, %d of %d examples already done", bench.name, len(prompted) - len(pending), len(prompted))
@@ -109,15 +115,17 @@ def run_benchmark(model, tokenizer, bench: Benchmark, sampler_config: SamplerCon
             sample_index = ro.sample_index.tolist() if ro.sample_index is not None else [0] * len(texts)
             lengths = ro.completion_mask.sum(1).tolist()
             steps = ro.num_steps.tolist() if ro.num_steps is not None else [None] * len(texts)
-            gen_tokens += int(sum(lengths))
+            valid, nfe = rollout_speed(ro)
+            gen_tokens += int(sum(valid))
             examples = [chunk[i].example for i in prompt_index]
             results = score_batch(bench.reward, texts, examples, timeout=opt.reward_timeout, workers=opt.reward_workers)
             store.append({
                 "id": ex["id"], "benchmark": bench.name, "sample": j, "index": ex.get("index"),
                 "prompt": chunk[i].text, "completion": text, "score": float(res.score), "reason": res.reason,
                 "ground_truth": ex["ground_truth"], "completion_tokens": int(length), "steps": step,
-                "seed": seeds[i],
-            } for i, j, ex, text, res, length, step in zip(prompt_index, sample_index, examples, texts, results, lengths, steps))
+                "valid_tokens": v, "nfe": f, "seed": seeds[i],
+            } for i, j, ex, text, res, length, step, v, f in zip(prompt_index, sample_index, examples, texts, results,
+                                                                 lengths, steps, valid, nfe))
             bar.update(len(chunk))
     finally:
         bar.close()

@@ -7,6 +7,7 @@ the checkpoint or the loaded tokenizer (configs such as LLaDA2's and SDAR-MoE's 
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Optional, Union
 
@@ -16,6 +17,8 @@ from torch import nn
 from .loading import load_model, parse_dtype
 from .tiny_model import tiny
 from .tokenizer import load_tokenizer, tiny_tokenizer
+
+log = logging.getLogger(__name__)
 
 TINY_PREFIX = "tiny:"
 # ``tokenizer="tiny"``: the character tokenizer (test checkpoints such as tests/assets/fixtures/* ship none).
@@ -68,6 +71,35 @@ def _check_tokenizer(tok, model: nn.Module, where: str) -> None:
         raise ValueError(f"the tokenizer of {where} has no EOS token; training answers and decoding stops need one")
 
 
+def foreign_tokenizer(model, tok, tokenizer_name, model_name) -> Optional[str]:
+    """One line when ``tok`` has fewer tokens than the model's vocabulary *and* other special ids than the model's
+    adapter (EOS, mask, pad): the signature of another model's tokenizer. Training then runs and generation returns
+    empty completions (the model stops at ids this tokenizer does not use), without an error. None otherwise (a
+    vocabulary padded beyond the tokenizer, as most published models have, is normal)."""
+    vocab, adapter = model.arch.vocab_size, model.adapter
+    if len(tok) >= vocab:
+        return None
+    differ = []
+    eos, mask, pad = tok.eos_token_id, getattr(tok, "mask_token_id", None), tok.pad_token_id
+    if eos is not None and eos not in adapter.all_stop_ids:
+        differ.append(f"EOS {eos} vs {adapter.eos_token_id}")
+    if mask is not None and mask != adapter.mask_token_id:
+        differ.append(f"mask {mask} vs {adapter.mask_token_id}")
+    if pad is not None and adapter.pad_token_id is not None and pad != adapter.pad_token_id:
+        differ.append(f"pad {pad} vs {adapter.pad_token_id}")
+    if not differ:
+        return None
+    return (f"the tokenizer {tokenizer_name} ({len(tok)} tokens) is smaller than the model {model_name} ({vocab} ids) "
+            f"and has other special ids ({', '.join(differ)}; tokenizer vs model): it looks like another model's "
+            f"tokenizer, and generations may come back empty; give the model's own tokenizer")
+
+
+def warn_if_foreign_tokenizer(model, tok, tokenizer_name, model_name) -> None:
+    problem = foreign_tokenizer(model, tok, tokenizer_name, model_name)
+    if problem:
+        log.warning(problem)
+
+
 def load_model_spec(spec: str, *, dtype=None, device: Union[None, str, torch.device] = None, attn_backend: str = "auto",
                     mask_token_id: Optional[int] = None, tokenizer: Optional[str] = None,
                     tokenizer_required: bool = True, tiny_seed: int = 0,
@@ -113,6 +145,7 @@ def load_model_spec(spec: str, *, dtype=None, device: Union[None, str, torch.dev
                            fallback_mask_token_id=fallback)
         if tok is not None:
             _check_tokenizer(tok, model, tokenizer or spec)
+            warn_if_foreign_tokenizer(model, tok, tokenizer or spec, spec)
     if dev is not None:
         model = model.to(dev)
     return model.eval(), tok

@@ -235,13 +235,20 @@ def _thread_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return _threads
 
 
-def _call_isolated(fn: RewardFn, completion: str, example: dict, timeout: float, started: list) -> float:
+def _call_isolated(fn: RewardFn, completion: str, example: dict, timeout: float, started: list) -> RewardResult:
     from .code_reward import item_timeout
 
     started.append(time.monotonic())
     token = item_timeout.set(timeout)
     try:
-        return _as_score(fn(completion, example))
+        # A reward may carry ``detailed(completion, example) -> RewardResult`` that says why a score is 0 (the code
+        # reward: its sandbox timed out), which a plain number cannot.
+        detailed = getattr(fn, "detailed", None)
+        if callable(detailed):
+            result = detailed(completion, example)
+            if isinstance(result, RewardResult):
+                return RewardResult(_as_score(result.score), result.reason)
+        return RewardResult(_as_score(fn(completion, example)))
     finally:
         item_timeout.reset(token)
 
@@ -272,7 +279,7 @@ def _run_isolated(calls: Sequence[tuple[RewardFn, str, dict]], timeout: float, w
                 continue
             if future.done():
                 err = future.exception()
-                results[i] = (RewardResult(future.result()) if err is None
+                results[i] = (future.result() if err is None
                               else RewardResult(0.0, f"error: {type(err).__name__}: {err}"[:500]))
             elif starts[i] and now > starts[i][0] + timeout + ISOLATED_GRACE:
                 results[i] = RewardResult(0.0, "timeout")  # the thread finishes on its own later

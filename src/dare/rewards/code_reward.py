@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from .registry import ground_truth_dict, register_reward
+from .registry import RewardResult, ground_truth_dict, register_reward
 from .sandbox import ISOLATIONS, SandboxLimits, SandboxResult, run_judged, with_timeout
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -141,7 +141,24 @@ def run_code(completion: str, example: dict) -> SandboxResult:
     return run_judged(task.program, task.tests, task.entry_point, task.prefix, limits, _isolation)
 
 
+def code_result(completion: str, example: dict) -> RewardResult:
+    """The code reward with its reason: ``"timeout"`` when the sandbox's wall clock ran out, ``"error: ..."`` when
+    the sandbox could not run; a program that ran and failed its tests is a plain 0 (no reason)."""
+    result = run_code(completion, example)
+    if result.passed:
+        return RewardResult(1.0)
+    if result.status == "timeout":
+        return RewardResult(0.0, "timeout")
+    if result.status == "error":
+        return RewardResult(0.0, f"error: sandbox: {result.output.strip()[:300]}")
+    return RewardResult(0.0)
+
+
 @register_reward("code", isolated=True)
 def code_reward(completion: str, example: dict) -> float:
     """1.0 if every test passes against the program (prefix + extracted code), judged outside its process."""
-    return 1.0 if run_code(completion, example).passed else 0.0
+    return code_result(completion, example).score
+
+
+# score_batch takes the result with its reason from here (a reward's plain call stays a number).
+code_reward.detailed = code_result  # type: ignore[attr-defined]

@@ -19,56 +19,59 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 
 
-def _braced(text: str, start: int) -> Optional[tuple[str, int]]:
-    """Content of the ``{...}`` group opening at ``text[start]`` and the index after it, or None if
-    the braces never balance (a truncated generation)."""
-    if start >= len(text) or text[start] != "{":
-        return None
-    depth = 0
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2  # an escaped character ("\{" is a literal brace, as in sets \{1, 2\})
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1:i], i + 1
-        i += 1
-    return None
+_BARE_TOKEN = re.compile(r"[^\s$]+")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of the contents of every balanced ``\\boxed{...}`` / ``\\fbox{...}`` (and ``\\boxed 5``),
+    ordered by where the box starts. One pass over the text with a stack of open braces, so 20,000 unclosed
+    ``\\boxed{`` cost as much as reading them (scanning each box to the end separately was quadratic)."""
+    found: list[tuple[int, int, int]] = []  # (box position, content start, content end)
+    box_at: dict[int, int] = {}  # index of a box's opening brace -> the box's position
+    for match in _BOX.finditer(text):
+        after = match.end()
+        skip = 0
+        while after + skip < len(text) and text[after + skip] == " ":
+            skip += 1
+        brace = after + skip
+        if brace < len(text) and text[brace] == "{":
+            box_at[brace] = match.start()
+        elif skip and brace < len(text):
+            # "\boxed 5": the argument is the next token.
+            token = _BARE_TOKEN.match(text, brace)
+            if token:
+                found.append((match.start(), token.start(), token.end()))
+    if box_at:
+        stack: list[int] = []
+        i, n = 0, len(text)
+        while i < n:
+            ch = text[i]
+            if ch == "\\":
+                i += 2  # an escaped character ("\{" is a literal brace, as in sets \{1, 2\})
+                continue
+            if ch == "{":
+                stack.append(i)
+            elif ch == "}" and stack:
+                opened = stack.pop()
+                if opened in box_at:
+                    found.append((box_at[opened], opened + 1, i))
+            i += 1
+    return [(start, end) for _, start, end in sorted(found)]
 
 
 def boxed_contents(text: str) -> list[str]:
     """Contents of every balanced ``\\boxed{...}`` / ``\\fbox{...}`` (and ``\\boxed 5``) in order."""
-    found: list[tuple[int, str]] = []
-    for command in _BOX_COMMANDS:
-        pos = text.find(command)
-        while pos != -1:
-            after = pos + len(command)
-            # "\boxedx" is another command, not a box; "\boxed {x}" with spaces is fine.
-            rest = text[after:]
-            stripped = rest.lstrip(" ")
-            skip = len(rest) - len(stripped)
-            if stripped.startswith("{"):
-                group = _braced(text, after + skip)
-                if group is not None:
-                    found.append((pos, group[0]))
-            elif skip and stripped:
-                # "\boxed 5": the argument is the next token.
-                token = re.match(r"[^\s$]+", stripped)
-                if token:
-                    found.append((pos, token.group(0)))
-            pos = text.find(command, after)
-    return [content for _, content in sorted(found)]
+    return [text[start:end] for start, end in boxed_spans(text)]
 
 
 def last_boxed(text: str) -> Optional[str]:
     """Content of the last balanced box, or None; an empty box counts as no answer."""
-    boxes = [b for b in boxed_contents(text) if b.strip()]
-    return boxes[-1].strip() if boxes else None
+    for start, end in reversed(boxed_spans(text)):
+        content = text[start:end].strip()
+        if content:
+            return content
+    return None
 
 
 def last_answer_block(text: str) -> Optional[str]:

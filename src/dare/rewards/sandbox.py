@@ -6,13 +6,18 @@ bootstrap inside the child sets rlimits (address space, CPU seconds, processes, 
 files, no core dumps) and then executes the program. Around that, the strongest available isolation
 is used, probed once per process (``detect_isolation``):
 
-``bwrap``    bubblewrap: new user/pid/net/ipc/uts namespaces, the file system read-only except a
-             private /tmp and the run directory, the sandbox dies with its parent. Network access,
-             writes outside the run directory and processes outliving the program are impossible.
-``unshare``  util-linux ``unshare``: new user/net/pid/mount namespaces (no network; every process
-             dies with the program), but the file system is the host's, so only permissions stop
-             writes (see the uid note below).
-``none``     the documented fallback: rlimits + clean environment + killing the process group.
+``bwrap``    bubblewrap: new user/pid/net/ipc/uts namespaces and the *view* below; the sandbox dies with its
+             parent. Network access, writes outside its scratch and processes outliving the program are
+             impossible.
+``unshare``  util-linux ``unshare``: new user/mount/pid/ipc/net/uts namespaces; the bootstrap builds the same
+             view itself and then drops every privilege over it (``sandbox_mounts``).
+``none``     the documented fallback: rlimits + clean environment + killing the process group, on the host's
+             file system and IPC namespace (as root: its own uid, whose files and IPC objects are removed).
+
+The view (``sandbox_host``): a read-only root holding only the interpreter, the standard library and the shared
+libraries it maps; a fresh /proc of the sandbox's pid namespace; /dev's null, zero, full, random, urandom; the program
+as read-only /program.py; and the only writable places, a private size-capped tmpfs /tmp (the scratch, cwd, HOME and
+TMPDIR) and /dev/shm, gone with the sandbox. SysV IPC objects live in the sandbox's own IPC namespace.
 
 When the scorer runs as root, each run also drops to its own unprivileged uid (a slot from
 ``DARE_SANDBOX_UID_BASE``, default 64000, 256 slots, locked with ``flock`` across processes): root
@@ -49,13 +54,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .sandbox_host import bwrap_arguments, bwrap_sizes_tmpfs, interpreter_view, remove_ipc_of, unshare_spec
+
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "unshare", "none")
 _ENV_ISOLATION = "DARE_SANDBOX_ISOLATION"  # force a mode: bwrap | unshare | none | auto
 _UID_BASE = int(os.environ.get("DARE_SANDBOX_UID_BASE", "64000"))
 _UID_SLOTS = 256
-_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class SandboxLimits:
     file_bytes: int = 16 << 20  # RLIMIT_FSIZE, largest file the program may write
     open_files: int = 256  # RLIMIT_NOFILE
     max_output: int = 256 << 10  # bytes of stdout+stderr kept; a program writing more is killed
+    scratch_bytes: int = 64 << 20  # size of each private tmpfs (/tmp, /dev/shm) under bwrap/unshare
 
 
 @dataclass
@@ -90,19 +98,22 @@ class SandboxResult:
 
 
 def _child_source() -> str:
-    """The in-sandbox bootstrap (``sandbox_child.py``), passed with ``-c`` (no file the program could edit)."""
+    """The in-sandbox bootstrap, passed with ``-c`` (no file the program could edit): ``sandbox_mounts.py`` (the
+    unshare view) followed by ``sandbox_child.py``."""
     global _CHILD_SOURCE
     if _CHILD_SOURCE is None:
-        _CHILD_SOURCE = Path(__file__).with_name("sandbox_child.py").read_text(encoding="utf-8")
+        here = Path(__file__).parent
+        _CHILD_SOURCE = "\n\n".join((here / name).read_text(encoding="utf-8")
+                                     for name in ("sandbox_mounts.py", "sandbox_child.py"))
     return _CHILD_SOURCE
 
 
 _CHILD_SOURCE: Optional[str] = None
 
 
-def _minimal_env(workdir: str) -> dict[str, str]:
+def _minimal_env(scratch: str) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-            "HOME": workdir, "TMPDIR": workdir}
+            "HOME": scratch, "TMPDIR": scratch}
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -215,6 +226,7 @@ class _UidSlot:
     def release(self) -> None:
         kill_uid(self.uid)
         _remove_files_of(self.uid)
+        remove_ipc_of(self.uid)  # the fallback's IPC objects; a second line under bwrap/unshare (own IPC namespace)
         os.close(self._fd)
 
 
@@ -222,18 +234,19 @@ class _UidSlot:
 # launching
 # ----------------------------------------------------------------------------------------------
 
-def _wrap(isolation: str, workdir: str, command: list[str]) -> list[str]:
+def _wrap(isolation: str, view, workdir: str, program: Optional[str], limits: SandboxLimits,
+          command: list[str]) -> tuple[list[str], dict]:
+    """(the full command, the view the bootstrap must build itself: only under unshare)."""
     if isolation == "bwrap":
-        wrapper = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                   "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        if os.path.isdir("/var/tmp"):
-            wrapper += ["--tmpfs", "/var/tmp"]
-        return wrapper + ["--bind", workdir, workdir, "--chdir", workdir, "--"] + command
+        return ["bwrap", *bwrap_arguments(view, program, limits.scratch_bytes, bwrap_sizes_tmpfs()), "--"] + command, {}
     if isolation == "unshare":
-        return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
-                "--mount-proc", "--"] + command
+        root = os.path.join(workdir, "root")
+        os.mkdir(root)
+        wrapper = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork",
+                   "--kill-child", "--"]
+        return wrapper + command, unshare_spec(view, root, program, limits.scratch_bytes)
     if isolation == "none":
-        return command
+        return command, {}
     raise ValueError(f"unknown sandbox isolation {isolation!r}; expected one of {ISOLATIONS}")
 
 
@@ -253,6 +266,10 @@ class _Launcher:
         self.python = _interpreter(drop_uid)
         if self.python is None:
             raise RuntimeError("no Python interpreter reachable by the sandbox uid (set DARE_SANDBOX_UID_BASE or run as non-root)")
+        self.view = None
+        if isolation in ("bwrap", "unshare"):
+            self.view = interpreter_view(self.python)
+            self.python = self.view.executable  # the real binary, as the view holds it
         self.procs: list[subprocess.Popen] = []
         self.fds: list[int] = []
         self.slots: list[_UidSlot] = []
@@ -275,29 +292,34 @@ class _Launcher:
         slot = _UidSlot() if self.drop_uid else None
         if slot is not None:
             self.slots.append(slot)
+        # The host folder holds the program (read-only in the view) and, under unshare, the new root's mount point;
+        # under bwrap/unshare the program's scratch is a private tmpfs, in the fallback this folder itself.
         workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
         self.workdirs.append(workdir)
         args = [str(fd) for fd in fd_args]
         cpu = lim.cpu_seconds or int(math.ceil(lim.timeout)) + 1
         args += [str(n) for n in (lim.memory_bytes, cpu, lim.file_bytes, lim.open_files, lim.max_processes)]
+        host_program = None
         if program is not None:
-            path = os.path.join(workdir, "program.py")
-            with open(path, "w", encoding="utf-8") as f:
+            host_program = os.path.join(workdir, "program.py")
+            with open(host_program, "w", encoding="utf-8") as f:
                 f.write(program)
-            os.chmod(path, 0o644)
-            args.append(path)
+            os.chmod(host_program, 0o644)
+            args.append(host_program if self.view is None else "/program.py")
+        command = [self.python, "-I", "-S", "-c", _child_source(), role] + args
+        full, view_spec = _wrap(self.isolation, self.view, workdir, host_program, lim, command)
         if slot is not None:
-            os.chown(workdir, slot.uid, slot.uid)
+            for path in (workdir, *([view_spec["root"]] if view_spec else [])):
+                os.chown(path, slot.uid, slot.uid)
         out_r, out_w = self.pipe()
         identity = {"user": slot.uid, "group": slot.uid, "extra_groups": []} if slot is not None else {}
-        command = [self.python, "-I", "-S", "-c", _child_source(), role] + args
-        proc = subprocess.Popen(_wrap(self.isolation, workdir, command), stdin=subprocess.PIPE, stdout=out_w, stderr=out_w,
-                                pass_fds=tuple(fd_args), cwd=workdir, env=_minimal_env(workdir), start_new_session=True,
-                                close_fds=True, **identity)
+        scratch = workdir if self.view is None else "/tmp"
+        proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=out_w, stderr=out_w, pass_fds=tuple(fd_args),
+                                cwd=workdir, env=_minimal_env(scratch), start_new_session=True, close_fds=True, **identity)
         self.procs.append(proc)
         self.close_fd(out_w)
-        try:
-            proc.stdin.write(stdin)
+        try:  # first line: the view the bootstrap builds (unshare) or null; then the role's own input
+            proc.stdin.write(json.dumps(view_spec or None).encode() + b"\n" + stdin)
             proc.stdin.close()
         except BrokenPipeError:
             pass
@@ -448,12 +470,18 @@ def _probe(isolation: str, drop_uid: bool) -> bool:
         return False
     try:
         result = _run("import json, socket\n", SandboxLimits(timeout=20.0), isolation, drop_uid)
-    except (OSError, RuntimeError) as err:
-        log.info("sandbox isolation %s unavailable: %s", isolation, err)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        result, why = None, str(err)
+    else:
+        why = result.output.strip()[-300:]
+    if result is None or not result.passed:
+        # Installed but not working (no user namespaces, a view this system cannot build): a weaker mode is used,
+        # so say so loudly.
+        level = logging.INFO if isolation == "none" else logging.WARNING
+        log.log(level, "sandbox isolation %s is installed but does not work here (a weaker mode will be used): %s",
+                isolation, why)
         return False
-    if not result.passed:
-        log.info("sandbox isolation %s unavailable: %s", isolation, result.output.strip()[-300:])
-    return result.passed
+    return True
 
 
 def detect_isolation() -> tuple[str, bool]:

@@ -174,6 +174,8 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
         st.x.scatter_(1, cols, src.completion_ids.to(st.x.device)[row_index])
         st.step_map.scatter_(1, cols, src.step_map.to(st.x.device)[row_index])
         st.row_steps = src.num_steps.to(st.x.device)[row_index].clone()
+        if src.row_nfe is not None:  # a resumed row's NFE counts its forwards before the pause too
+            st.row_nfe = src.row_nfe.to(st.x.device)[row_index].clone()
         st.finished = src.finished.to(st.x.device)[row_index].clone()
         st.start = tuple(src.paused_at)
     st.pause = pause
@@ -211,6 +213,7 @@ def _assemble(st: DecodeState, batch: PromptBatch, prompt_index: torch.Tensor, n
         trajectory=st.trajectory(),
         sample_index=torch.arange(n, device=comp.device).repeat(N // n),
         num_steps=st.row_steps.clone(),
+        row_nfe=st.row_nfe.clone(),
         seeds=seeds,
         stop_token_ids=tuple(st.stop_ids.tolist()),
         paused_at=st.paused_at,

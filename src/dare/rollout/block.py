@@ -187,7 +187,7 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: i
         rows = act[open_]
         # The first step of the block (or of a resumed one) stores the keys/values of everything before it.
         logits = _block_logits(fwd, act, open_, c0, c1, i == i0)
-        st.nfe += 1
+        st.count_forward(act if fwd.use_cache and i == i0 else rows)
         cur = st.x[rows, c0:c1]
         eligible = cur == st.mask_id
         x0, score = _propose(st, cfg, remask, rows, logits, total_steps)
@@ -229,7 +229,7 @@ def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
             break
         rows = act[run]
         logits = _block_logits(fwd, act, run, c0, c1, it == 0)
-        st.nfe += 1
+        st.count_forward(act if fwd.use_cache and it == 0 else rows)
         cur = cur_all[run]
         eligible = cur == st.mask_id
         x0, score = _propose(st, cfg, remask, rows, logits, 1)

@@ -191,7 +191,7 @@ def run_canvas(model, st: DecodeState, cfg: SamplerConfig) -> None:
         if act.numel() == 0:
             break
         c0, c1 = P + b * C, P + (b + 1) * C
-        st.nfe += enc.context(act, c0)
+        st.count_forward(act, enc.context(act, c0))
         gens = st.row_gens(act)
         dev = st.x.device
         canvas = _randint(gens, range(act.numel()), V, C, dev)  # transformers draws it even for a given canvas
@@ -206,7 +206,7 @@ def run_canvas(model, st: DecodeState, cfg: SamplerConfig) -> None:
             rows = act[run]
             cache, masks, pos = enc.decoder_inputs(rows, c0, c1)
             logits = model.denoise(canvas[run], pos, cache, masks, None if sc is None else sc[run].to(sc_dtype))
-            st.nfe += 1
+            st.count_forward(rows)
             temp = _temperature(cfg, remaining, steps)
             processed = filter_logits(logits / temp if temp is not None else logits, cfg.top_k, cfg.top_p)
             probs = torch.softmax(processed, dim=-1, dtype=torch.float32)

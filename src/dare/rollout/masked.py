@@ -190,8 +190,8 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
                     logits = fwd.refresh(act, c0, c1)[open_]
             else:
                 logits = (fwd.step if cached else fwd.full)(act[open_], c0, c1, keep=masked_now[open_] if packed else None)
-            st.nfe += 1
             rows = act[open_]
+            st.count_forward(act if cached and i == first else rows)
             step_i = min(i, spb - 1)
             ctx = _StepContext(cfg, remask, st, rows, c0, BL, step_i, spb, total_steps, grid)
             new_conf = _decide(ctx, logits, counts[open_], run_conf[open_])

@@ -40,6 +40,8 @@ class Rollout:
     trajectory: Optional[Trajectory] = None
     sample_index: Optional[torch.Tensor] = None  # [N] sample number within its prompt's group
     num_steps: Optional[torch.Tensor] = None  # [N] denoising steps each row took
+    # [N] model forwards each row took part in (its NFE: what it costs decoded alone, whatever shared its batch)
+    row_nfe: Optional[torch.Tensor] = None
     seeds: Optional[list[int]] = None  # per-row sampling seeds (None for deterministic decoding)
     stop_token_ids: tuple[int, ...] = ()
     # A paused rollout (``generate(until_step=...)``): the schedule point (block, step in block) where decoding
@@ -54,6 +56,14 @@ class Rollout:
     @property
     def prompt_mask(self) -> torch.Tensor:
         return self.attention_mask[:, :self.prompt_length]
+
+    def valid_lengths(self) -> torch.Tensor:
+        """[N] completion tokens before the first stop token (the stop token itself not counted): the numerator of
+        tokens per forward (TPF, docs/eval.md)."""
+        G = self.completion_ids.shape[1]
+        stops = torch.tensor(self.stop_token_ids, dtype=self.completion_ids.dtype, device=self.completion_ids.device)
+        hit = torch.isin(self.completion_ids, stops)
+        return torch.where(hit.any(1), hit.float().argmax(1), torch.full_like(hit[:, 0], G, dtype=torch.long)).long()
 
     def texts(self, tokenizer, skip_special_tokens: bool = True) -> list[str]:
         """Completions as text, cut at the first stop token (which is not included)."""

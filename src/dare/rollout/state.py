@@ -100,6 +100,9 @@ class DecodeState:
     record: bool = False
     step_map: torch.Tensor = None  # [N, W] long, -1 = never written
     row_steps: torch.Tensor = None  # [N] denoising steps taken by each row
+    # [N] model forwards each row took part in: its own NFE, independent of which other rows shared a batch (a
+    # cache refresh or a block's storing first step counts like a denoising step; rows already done count nothing).
+    row_nfe: torch.Tensor = None
     finished: torch.Tensor = None  # [N] bool
     nfe: int = 0
     _traj: list = field(default_factory=list)
@@ -113,6 +116,7 @@ class DecodeState:
         N, W = self.x.shape
         self.step_map = torch.full((N, W), -1, dtype=torch.long, device=self.x.device)
         self.row_steps = torch.zeros(N, dtype=torch.long, device=self.x.device)
+        self.row_nfe = torch.zeros(N, dtype=torch.long, device=self.x.device)
         self.finished = torch.zeros(N, dtype=torch.bool, device=self.x.device)
 
     @property
@@ -123,6 +127,11 @@ class DecodeState:
         if self.gens is None:
             return None
         return [self.gens[i] for i in rows.tolist()]
+
+    def count_forward(self, rows: torch.Tensor, calls: int = 1) -> None:
+        """Record ``calls`` batched model forwards over batch rows ``rows``."""
+        self.nfe += calls
+        self.row_nfe[rows] += calls
 
     def should_pause(self, block: int, step: int) -> bool:
         """True (and remember where) when the schedule point (block, step) is at or past ``pause``."""

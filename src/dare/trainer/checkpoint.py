@@ -9,7 +9,9 @@ position is the step number (the sampler is a pure function of the step), and ev
 keyed by (seed, step, ...), so a resumed run continues bit for bit.
 
 Resuming verifies the manifest first: a truncated or bit-flipped file is named, and ``resume: auto`` falls back to
-the newest intact checkpoint with a warning naming what it skipped. Weights that load but are not finite are an
+the newest intact checkpoint with a warning naming what it skipped. A checkpoint without a manifest (an older dare's,
+or one whose manifest was deleted) is checked against itself: every shard byte range its DCP metadata names must be
+there, so a lost shard also falls back instead of stopping the run at load. Weights that load but are not finite are an
 error naming the tensor.
 """
 from __future__ import annotations
@@ -93,8 +95,12 @@ def verify(folder: Path) -> Optional[str]:
     if not (folder / COMPLETE).exists():
         return f"incomplete (no {COMPLETE} marker)"
     if not (folder / MANIFEST).exists():
-        log.warning("%s has no %s (written by an older dare); resuming from it unverified", folder, MANIFEST)
-        return None
+        # An older dare wrote no manifest; a deleted one looks the same. Check the checkpoint against itself.
+        problem = _self_consistency(folder)
+        if problem is None:
+            log.warning("%s has no %s (written by an older dare); its files are all there, resuming from it without "
+                        "checksums", folder, MANIFEST)
+        return problem
     try:
         files = json.loads((folder / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -110,6 +116,31 @@ def verify(folder: Path) -> Optional[str]:
             return f"{name} does not match its sha256 in {MANIFEST} (corrupted)"
     unknown = [p.relative_to(folder).as_posix() for p in _payload(folder) if p.relative_to(folder).as_posix() not in files]
     return f"{unknown[0]} is not in {MANIFEST}" if unknown else None
+
+
+def _self_consistency(folder: Path) -> Optional[str]:
+    """What is missing from a checkpoint without a manifest (None when nothing is): the trainer state, the DCP
+    metadata, and every byte range the metadata says a shard file holds."""
+    for name in ("trainer_state.json", "dcp/.metadata"):
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+    from torch.distributed.checkpoint import FileSystemReader
+    try:
+        storage = FileSystemReader(str(folder / "dcp")).read_metadata().storage_data
+    except Exception as e:  # a truncated or foreign .metadata: any unpickling error
+        return f"dcp/.metadata unreadable ({type(e).__name__})"
+    ends: dict[str, int] = {}
+    for info in (storage or {}).values():
+        path, end = getattr(info, "relative_path", None), getattr(info, "offset", 0) + getattr(info, "length", 0)
+        if isinstance(path, str):
+            ends[path] = max(ends.get(path, 0), end)
+    for name, end in sorted(ends.items()):
+        shard = folder / "dcp" / name
+        if not shard.is_file():
+            return f"dcp/{name} is missing"
+        if shard.stat().st_size < end:
+            return f"dcp/{name} has {shard.stat().st_size} bytes, its metadata needs {end} (truncated)"
+    return None
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:

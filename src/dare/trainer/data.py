@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from ..algorithms.batch import Batch
+from ..data.limits import check_characters, encode_within
 from ..data.readers import read_records
 from ..config.core import clip, shown
 from ..data.schema import BadRowPolicy, DataError
@@ -64,18 +65,26 @@ def _text(rec, value, name: str) -> str:
     return value
 
 
-def encode_chat_prompt(tokenizer, prompt: str, chat_template: str) -> list[int]:
+def encode_chat_prompt(tokenizer, prompt: str, chat_template: str, max_tokens: Optional[int] = None,
+                       loc: str = "prompt") -> list[int]:
+    """The prompt's ids (in the tokenizer's chat template unless ``never``); a prompt that certainly has more than
+    ``max_tokens`` is refused before it is tokenized (``dare.data.limits``)."""
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     if chat_template == "always" and not has_chat:
         raise ValueError("data.chat_template: always, but the tokenizer has no chat template")
+    what, limit_text = f"{loc}: field 'prompt'", f"data.max_length={max_tokens}"
     if has_chat and chat_template != "never":
+        if max_tokens is not None:  # the raw text first: rendering a huge prompt would copy it once more
+            check_characters(tokenizer, prompt, max_tokens, what, limit_text)
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return encode_within(tokenizer, text, max_tokens, what, limit_text, add_special_tokens=False)
+    return encode_within(tokenizer, prompt, max_tokens, what, limit_text, add_special_tokens=True)
 
 
-def _answer_ids(tokenizer, text: str, eos: int, pad_to: Optional[int], loc: str) -> list[int]:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+def _answer_ids(tokenizer, text: str, eos: int, pad_to: Optional[int], loc: str, name: str = "response",
+                max_tokens: Optional[int] = None) -> list[int]:
+    ids = encode_within(tokenizer, text, max_tokens, f"{loc}: field {name!r}", f"data.max_length={max_tokens}",
+                        add_special_tokens=False) + [eos]
     if pad_to is not None:
         if len(ids) > pad_to:
             raise DataError(f"{loc}: answer has {len(ids)} tokens (with EOS), over data.pad_answer_to={pad_to}")
@@ -90,7 +99,8 @@ def _sft_texts(data_cfg, tokenizer, policy: BadRowPolicy):
             def parse(rec=rec):
                 prompt = _text(rec, _field(rec, "prompt", "question", "instruction"), "prompt")
                 answer = _text(rec, _field(rec, "response", "completion", "answer", "output"), "response")
-                return rec.loc, encode_chat_prompt(tokenizer, prompt, data_cfg.chat_template), answer
+                return rec.loc, encode_chat_prompt(tokenizer, prompt, data_cfg.chat_template, data_cfg.max_length,
+                                                   rec.loc), answer
             yield parse
     else:
         from ..data import build_sft_example, encode_prompt, load_examples
@@ -105,7 +115,8 @@ def _sft_texts(data_cfg, tokenizer, policy: BadRowPolicy):
                 loc = f"{ds.describe()}, example {ex['id']}"
                 if not completion.strip():
                     raise DataError(f"{loc}: empty gold completion")
-                return loc, encode_prompt(prompt_text, tokenizer, chat), completion
+                return loc, encode_prompt(prompt_text, tokenizer, chat, data_cfg.max_length, f"{loc}: prompt",
+                                          f"data.max_length={data_cfg.max_length}"), completion
             yield parse
 
 
@@ -125,7 +136,7 @@ def load_sft_docs(data_cfg, tokenizer) -> list[SFTDoc]:
             loc, prompt, answer_text = parse()
             if not prompt:
                 raise DataError(f"{loc}: the prompt encodes to no tokens")
-            answer = _answer_ids(tokenizer, answer_text, eos, data_cfg.pad_answer_to, loc)
+            answer = _answer_ids(tokenizer, answer_text, eos, data_cfg.pad_answer_to, loc, max_tokens=data_cfg.max_length)
             if len(prompt) + len(answer) > data_cfg.max_length:
                 raise DataError(f"{loc}: prompt + answer have {len(prompt) + len(answer)} tokens, over "
                                 f"data.max_length={data_cfg.max_length}")
@@ -148,9 +159,12 @@ def load_preference_pairs(data_cfg, tokenizer) -> list[PreferencePair]:
     out: list[PreferencePair] = []
     for rec in read_records(data_cfg.pairs, policy.handle):
         try:
-            prompt = encode_chat_prompt(tokenizer, _text(rec, _field(rec, "prompt"), "prompt"), data_cfg.chat_template)
-            chosen = _answer_ids(tokenizer, _text(rec, _field(rec, "chosen"), "chosen"), eos, None, rec.loc)
-            rejected = _answer_ids(tokenizer, _text(rec, _field(rec, "rejected"), "rejected"), eos, None, rec.loc)
+            limit = data_cfg.max_length
+            prompt = encode_chat_prompt(tokenizer, _text(rec, _field(rec, "prompt"), "prompt"), data_cfg.chat_template,
+                                        limit, rec.loc)
+            chosen = _answer_ids(tokenizer, _text(rec, _field(rec, "chosen"), "chosen"), eos, None, rec.loc, "chosen", limit)
+            rejected = _answer_ids(tokenizer, _text(rec, _field(rec, "rejected"), "rejected"), eos, None, rec.loc,
+                                   "rejected", limit)
             longest = len(prompt) + max(len(chosen), len(rejected))
             if longest > data_cfg.max_length:
                 raise DataError(f"{rec.loc}: prompt + response have {longest} tokens, over data.max_length={data_cfg.max_length}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..models.builder import build_model
 from ..models.families import get_family
 from ..models.lora import apply_lora, has_lora, merge_lora
-from ..models.model_spec import load_model_spec
+from ..models.model_spec import foreign_tokenizer, load_model_spec, warn_if_foreign_tokenizer  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
