@@ -53,7 +53,7 @@ def mib(n) -> str:
 def main() -> int:
     import torch
 
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.plan.planner import PlanOptions, plan_recipe
     from dare.plan.validate import measure
     torch.set_num_threads(1)

@@ -35,9 +35,9 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dare.config.recipe import load_recipe  # noqa: E402
+from dare.trainer.recipe import load_recipe  # noqa: E402
 from dare.diffusion import logprob  # noqa: E402
-from dare.models import load_tokenizer, tiny  # noqa: E402
+from dare.models import LogitsRequest, load_tokenizer, tiny  # noqa: E402
 from dare.models.model import DiffusionLM  # noqa: E402
 from dare.models.modules import take_rows  # noqa: E402
 from dare.trainer.loop import Trainer  # noqa: E402
@@ -81,13 +81,14 @@ def naive_pipeline():
     real_forward = DiffusionLM.forward
     real_score_targets = logprob.score_targets
 
-    def full_logits_forward(self, *args, logits_at=None, logits_keep=None, **kw):
-        out = real_forward(self, *args, **kw)
+    def full_logits_forward(self, *args, request=None, **kw):
+        request = request or LogitsRequest()
+        out = real_forward(self, *args, request=LogitsRequest(logits=request.logits, hidden=request.hidden), **kw)
         if out.logits is not None:
-            if logits_at is not None:
-                out.logits = take_rows(out.logits, logits_at)
-            if logits_keep is not None:  # the masked positions, packed, as the sampler asked
-                out.logits = out.logits[logits_keep]
+            if request.rows is not None:
+                out.logits = take_rows(out.logits, request.rows)
+            if request.keep is not None:  # the masked positions, packed, as the sampler asked
+                out.logits = out.logits[request.keep]
         return out
 
     modules = score_targets_holders()

@@ -38,7 +38,7 @@ SIZES = (1, 2, 4)  # unless a configuration names its own
 def plan_one(job: tuple[str, str, list, int]) -> dict:
     import torch
 
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.plan.planner import PlanOptions, plan_recipe
     torch.set_num_threads(1)
     label, recipe, overrides, sp = job

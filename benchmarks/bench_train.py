@@ -123,7 +123,7 @@ def bench_memory(quick: bool) -> dict:
 # 3. SFT epoch tokens/s
 # ----------------------------------------------------------------------------------------------------------
 def bench_epoch(quick: bool) -> dict:
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.trainer.loop import Trainer
 
     out = {}
@@ -151,7 +151,7 @@ def bench_epoch(quick: bool) -> dict:
 def bench_vrpo(quick: bool) -> dict:
     from dare.algorithms import StepContext, build_algorithm
     from dare.algorithms.dpo import DPOConfig, VRPOConfig
-    from dare.config.recipe import DataSection
+    from dare.trainer.recipe import DataSection
     from dare.models import tiny, tiny_tokenizer
     from dare.trainer import stages
     from dare.trainer.data import PreferenceSource, load_preference_pairs

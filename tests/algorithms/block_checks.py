@@ -27,9 +27,9 @@ def token_logp(model, view, input_ids=None):
 
 def row_blocks(batch, i, block_size):
     """Row i's completion blocks as buffer-column ranges ``[start, end)`` (blocks over absolute positions)."""
-    P = batch["prompt_ids"].shape[1]
-    pad = P - int(batch["prompt_mask"][i].sum())
-    Lc = batch["completion_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
+    pad = P - int(batch.prompt_mask[i].sum())
+    Lc = batch.completion_ids.shape[1]
     out, col = [], P
     while col < P + Lc:
         end = min(pad + ((col - pad) // block_size + 1) * block_size, P + Lc)
@@ -40,9 +40,9 @@ def row_blocks(batch, i, block_size):
 
 def brute_force_logp(model, batch, view, block_size):
     """``[B, W]``: each completion block b scored by its own plain forward over ``clean[:b] + noisy[b]``."""
-    W = batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1]
+    W = batch.prompt_ids.shape[1] + batch.completion_ids.shape[1]
     noisy, clean = view.input_ids[:, :W], view.input_ids[:, W:]
-    attn = torch.cat([batch["prompt_mask"].bool(), torch.ones_like(batch["completion_mask"], dtype=torch.bool)], 1)
+    attn = torch.cat([batch.prompt_mask.bool(), torch.ones_like(batch.completion_mask, dtype=torch.bool)], 1)
     out = torch.zeros(view.targets.shape)
     for i in range(batch.size):
         for s, e in row_blocks(batch, i, block_size):
@@ -67,7 +67,7 @@ def assert_future_blocks_invisible(model, batch, views, block_size=4, seed=0):
     """Rewriting every token (noisy and clean copies) after a row's first completion block leaves that block's
     log-probs bit-identical, while rewriting the clean copy of that block changes the later blocks' log-probs."""
     g = torch.Generator().manual_seed(seed)
-    W = batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1]
+    W = batch.prompt_ids.shape[1] + batch.completion_ids.shape[1]
     checked = changed = 0
     for v in views:
         base = token_logp(model, v)

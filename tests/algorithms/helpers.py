@@ -1,7 +1,7 @@
 """Hand-built RL batches for hook tests (the rollout engine has its own tests)."""
 import torch
 
-from dare.algorithms import Batch
+from dare.algorithms import RLBatch
 
 
 def rl_batch(n_prompts=2, group=3, prompt_lens=(5, 8), gen_len=8, eos=1, seed=0, rewards=None):
@@ -22,5 +22,32 @@ def rl_batch(n_prompts=2, group=3, prompt_lens=(5, 8), gen_len=8, eos=1, seed=0,
             cmask[i, stop + 1:] = False
     if rewards is None:
         rewards = torch.randint(0, 2, (B,), generator=g).float()
-    return Batch(uid=torch.arange(B), group=torch.arange(B) // group, prompt_ids=prompt, prompt_mask=pmask,
+    return RLBatch(uid=torch.arange(B), group=torch.arange(B) // group, prompt_ids=prompt, prompt_mask=pmask,
                  completion_ids=comp, completion_mask=cmask, rewards=rewards)
+
+
+def corrupt(algo, ctx, batch, iteration=0):
+    """The views of ``iteration`` as the prepare stage draws them: the method's ``prepare`` state first (a replay
+    plan, MDPO's steps, JustGRPO's targets), then ``corrupt``."""
+    state = algo.prepare(ctx, batch)
+    if state is not None:
+        batch.state = state
+    return algo.corrupt(ctx, batch, iteration)
+
+
+def is_block_family(family: str) -> bool:
+    """Whether a registered family is a block-diffusion model (block-causal attention), from the family registry."""
+    from dare.algorithms.matrix import family_attention
+    return family_attention()[family] == "block_causal"
+
+
+def supported_families(algorithm: str, fast: tuple[str, ...]) -> list:
+    """pytest params: every registered family whose attention kind ``algorithm`` supports (registry order), those not
+    in ``fast`` marked slow -- so a new family joins a method's end-to-end test without editing it."""
+    import pytest
+
+    from dare.algorithms import get_algorithm, load_builtin_algorithms
+    from dare.algorithms.matrix import families_of
+    load_builtin_algorithms()
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.slow)
+            for f in families_of(get_algorithm(algorithm).supports)]

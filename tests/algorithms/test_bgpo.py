@@ -3,13 +3,13 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.bgpo import BGPOConfig, bgpo_bound, bgpo_ratio
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -20,7 +20,7 @@ def _setup(family="llada", **cfg):
 
 
 def _prepare(algo, ctx, model, batch, reference=None):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, reference=reference, micro_batch_size=3)
     ctx.norms = algo.normalizers(batch)
     return batch
@@ -65,14 +65,14 @@ def test_bound_is_below_the_objective_and_never_nan():
 def test_on_policy_bound_is_a_and_gradient_matches_exp_objective(family):
     model, algo, ctx = _setup(family, inner_iterations=1, dual_clip=None)
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=2, group=3, seed=2))
-    adv = batch["advantages"]
+    adv = batch.advantages.values
     assert (adv > 0).any() and (adv < 0).any()
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=6)
     assert metrics["loss"] == pytest.approx(-(adv.sum() / batch.size).item(), abs=1e-6)  # bound = A
     assert metrics["ratio_mean"] == pytest.approx(1.0) and metrics["clip_frac"] == 0.0
     bound_grad = _grads(model)
     model.zero_grad(set_to_none=True)
-    value = algo.log_likelihood(ctx, model, batch, batch["views"][0]).value
+    value = algo.log_likelihood(ctx, model, batch, batch.views[0]).value
     delta = value - value.detach()
     (-(adv * torch.exp(delta.mean(-1))).sum() / batch.size).backward()
     exact = _grads(model)
@@ -105,8 +105,8 @@ def test_estimator_is_masked_token_mean_with_stratified_counts():
     model, algo, ctx = _setup("dream", num_mc=4)
     batch = rl_batch(n_prompts=2, group=2, gen_len=10, seed=4)
     views = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
-    valid = batch["completion_mask"]
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
+    valid = batch.completion_mask
     L = valid.sum(-1)
     value = algo.log_likelihood(ctx, model, batch, views).value
     assert value.shape == (batch.size, 4)
@@ -125,10 +125,10 @@ def test_estimator_is_masked_token_mean_with_stratified_counts():
 def test_block_models_use_the_block_diffusion_layout_and_ignore_future_blocks():
     model, algo, ctx = _setup("sdar", num_mc=2)
     batch = rl_batch(n_prompts=1, group=2, gen_len=12, seed=5)
-    batch["completion_mask"][:] = True
+    batch.completion_mask[:] = True
     views = algo.corrupt(ctx, batch, 0)
     v = views[0]
-    W = batch["prompt_ids"].shape[1] + 12
+    W = batch.prompt_ids.shape[1] + 12
     assert v.layout is not None and v.input_ids.shape[1] == 2 * W and v.attention_mask is None
     lp, _ = score_targets(model, v.input_ids, v.targets, v.labels, layout=v.layout)
     # the last completion block's clean tokens only feed later (non-existent) blocks: changing them leaves every

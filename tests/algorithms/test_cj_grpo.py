@@ -7,6 +7,7 @@ from dare.algorithms.cj_grpo import CJGRPOConfig
 from dare.rollout.config import SamplerConfig
 from dare.rollout.schedule import ass_split
 from dare.trainer import stages
+from tests.algorithms.helpers import corrupt, is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, rollout_batch, run_recipe, setup
 
 ASS = dict(schedule="ass", eoser=True, eoser_gamma_min=0.01, temperature=1.0, record_trajectory=True)
@@ -19,19 +20,19 @@ def test_masked_replay_reproduces_the_rollout_states_and_ass_schedule(ass_blocks
     model, algo, ctx = setup(CJGRPOConfig())
     sampler = SamplerConfig(gen_length=16, block_length=16, block_stop=False, ass_blocks=ass_blocks, **ASS)
     batch, r = rollout_batch(model, sampler, n=3)
-    views = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    views = corrupt(algo, ctx, batch, 0)
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     schedule = ass_split(16).tolist()  # 1, 2, 4, 9
     assert len(views) == len(schedule) == r.trajectory.states.shape[1]
-    union = torch.zeros_like(batch["completion_ids"], dtype=torch.long)
+    union = torch.zeros_like(batch.completion_ids, dtype=torch.long)
     for s, v in enumerate(views):
         state = v.input_ids[:, P:]
         u = v.targets[:, P:]
         assert torch.equal(state, r.trajectory.states[:, s])  # x^(s) is exactly the sampler's state
         assert (u.sum(1) == schedule[s]).all()  # |U_s| follows the ASS schedule
         # x^(s+1) = x^(s) with U_s filled in
-        nxt = torch.where(u, batch["completion_ids"], state)
-        following = r.trajectory.states[:, s + 1] if s + 1 < len(views) else batch["completion_ids"]
+        nxt = torch.where(u, batch.completion_ids, state)
+        following = r.trajectory.states[:, s + 1] if s + 1 < len(views) else batch.completion_ids
         assert torch.equal(nxt, following)
         assert (state[u] == mask_id).all()
         if ass_blocks == 3:
@@ -47,9 +48,9 @@ def test_block_replay_runs_every_block_local_step_in_one_forward():
     B = model.adapter.block_size
     sampler = SamplerConfig(gen_length=12, block_length=B, block_stop=False, **ASS)
     batch, r = rollout_batch(model, sampler, prompts=("abcd", "hello!!!"), n=2)  # prompts fill whole blocks
-    views = algo.corrupt(ctx, batch, 0)
-    P, Lc = batch["prompt_ids"].shape[1], 12
-    steps = batch["step_map"]
+    views = corrupt(algo, ctx, batch, 0)
+    P, Lc = batch.prompt_ids.shape[1], 12
+    steps = batch.step_map
     rounds = 0
     for i in range(steps.shape[0]):
         for blk in range(Lc // B):
@@ -63,22 +64,22 @@ def test_block_replay_runs_every_block_local_step_in_one_forward():
             for j in range(len(local), len(views)):  # exhausted block: clean, no target
                 assert not views[j].targets[i, P:][cols].any()
         n_steps = int(r.num_steps[i])
-        assert batch["replay_transition"][i].max() == n_steps - 1  # CJ's step index = the row's global step
+        assert batch.state.transition[i].max() == n_steps - 1  # CJ's step index = the row's global step
     assert len(views) == rounds and rounds >= len(ass_split(B))
 
 
 def test_ratio_one_at_first_inner_step_and_per_step_token_mean():
     model, algo, ctx = setup(CJGRPOConfig(inner_iterations=2, beta=0.0))
     batch = replay_batch(False, seed=3, gen_len=8, steps=3)
-    batch["step_map"][0] = torch.tensor([0, 0, 0, 0, 0, 0, 1, 2])  # uneven |U_s| across rows
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.step_map[0] = torch.tensor([0, 0, 0, 0, 0, 0, 1, 2])  # uneven |U_s| across rows
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, micro_batch_size=4)
     ctx.norms = algo.normalizers(batch)
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)
     assert abs(m["ratio_mean"] - 1.0) < 1e-6 and m["clip_frac"] == 0.0
     # rho = 1: L = (1/S) sum_s sum_{k in U_s} (-A) / |U_s|
-    adv = batch["advantages"]
-    steps = batch["step_map"]
+    adv = batch.advantages.values
+    steps = batch.step_map
     expected = sum(-(adv[:, None].expand_as(steps)[steps == s]).sum() / (steps == s).sum() for s in range(3)) / 3
     assert abs(m["loss"] - expected.item()) < 1e-6
     assert torch.allclose(adv.view(2, 3).sum(1), torch.zeros(2), atol=1e-6)  # mean baseline
@@ -87,25 +88,25 @@ def test_ratio_one_at_first_inner_step_and_per_step_token_mean():
 def test_step_merge_bounds_forwards_and_keeps_coverage():
     _, algo, ctx = setup(CJGRPOConfig(shrink=2))
     batch = replay_batch(False, seed=1, gen_len=12, steps=6)
-    views = algo.corrupt(ctx, batch, 0)
+    views = corrupt(algo, ctx, batch, 0)
     assert len(views) == 3
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     total = sum(v.targets[:, P:].long() for v in views)
     assert (total == 1).all()
-    assert batch["replay_transition"].max() == 2
+    assert batch.state.transition.max() == 2
 
 
 def test_transition_counts_are_global_normalisers():
     model, algo, ctx = setup(CJGRPOConfig(inner_iterations=1, beta=0.0))
     batch = replay_batch(False, seed=2, gen_len=8, steps=4)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     whole = stages.update(algo, ctx, model, batch, 0, micro_batch_size=6)["loss"]
     model.zero_grad()
     split = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)["loss"]
     assert abs(whole - split) < 1e-6  # micro-batching does not change the loss
-    assert [ctx.norms[f"cj_transition_{j}"] for j in range(4)] == [float((batch["step_map"] == j).sum()) for j in range(4)]
+    assert [ctx.norms[f"cj_transition_{j}"] for j in range(4)] == [float((batch.step_map == j).sum()) for j in range(4)]
 
 
 @pytest.mark.parametrize("family", ["dream", "llada2_moe"])
@@ -115,7 +116,7 @@ def test_runs_on_both_attention_kinds(family):
     if family == "llada2_moe":
         sampler = SamplerConfig(gen_length=8, block_length=model.adapter.block_size, temperature=1.0, steps_per_block=4)
     batch, _ = rollout_batch(model, sampler)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     model.zero_grad()
@@ -130,17 +131,16 @@ def test_deterministic_replay_is_scored_once_for_all_inner_iterations():
     calls = []
     original = algo.log_likelihood
     algo.log_likelihood = lambda *a, **k: calls.append(1) or original(*a, **k)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
-    assert batch["views"][2] is batch["views"][0]
-    assert len(calls) == 1 and batch["old_logp"][2] is batch["old_logp"][0]
+    assert batch.views[2] is batch.views[0]
+    assert len(calls) == 1 and batch.old_logp[2] is batch.old_logp[0]
 
 
-@pytest.mark.parametrize("family", ["llada"] + [pytest.param(f, marks=pytest.mark.slow)
-                                                for f in ("sdar", "llada_moe", "dream", "sdar_moe", "llada2_moe")])
+@pytest.mark.parametrize("family", supported_families("cj_grpo", fast=("llada",)))
 def test_trains_end_to_end(tmp_path, family):
     extra = []
-    if family in ("sdar", "sdar_moe", "llada2_moe"):  # ASS inside every block of the model's block size
+    if is_block_family(family):  # ASS inside every block of the model's block size
         extra = ["rollout.sampler={gen_length: 8, block_length: 4, schedule: ass, eoser: true, temperature: 1.0}"]
     hist = run_recipe(tmp_path, "cj_grpo", family, *extra)
     assert len(hist) == 2

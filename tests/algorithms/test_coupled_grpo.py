@@ -3,7 +3,7 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.coupled_grpo import CoupledGRPOConfig
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
@@ -11,7 +11,7 @@ from tests.algorithms.block_checks import (assert_future_blocks_invisible, asser
                                            brute_force_logp)
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -28,15 +28,15 @@ def test_complementary_masks_are_disjoint_and_cover_the_completion():
     model, algo, ctx = _setup()
     batch = rl_batch(n_prompts=3, group=2, gen_len=12)
     v0, v1, v2 = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     m0, m1, m2 = (_masked_completion(v, P, mask_id) for v in (v0, v1, v2))
     assert m0.all()  # v0: the whole completion masked
     assert not (m1 & m2).any() and (m1 | m2).all()  # v1, v2 partition the completion
     assert torch.equal(m1, v1.info["v1"])
-    cmask = batch["completion_mask"]
+    cmask = batch.completion_mask
     for v, m in ((v1, m1), (v2, m2)):  # scored = masked and up to the first EOS; prompt never masked or scored
         assert torch.equal(v.targets[:, P:], m & cmask) and not v.targets[:, :P].any()
-        assert torch.equal(v.input_ids[:, :P], batch["prompt_ids"])
+        assert torch.equal(v.input_ids[:, :P], batch.prompt_ids)
     t = v1.info["t"]
     assert ((t >= 0.2) & (t <= 0.8)).all() and len(set(t.tolist())) == batch.size  # one t per sample
     # the 1/t and 1/(1-t) ELBO weights, halved
@@ -51,14 +51,14 @@ def test_group_shared_t_cancels_the_weight_scaled_common_direction():
     model, algo, ctx = _setup(t_sharing="group")
     batch = rl_batch(n_prompts=3, group=4, gen_len=12)
     _, v1, v2 = algo.corrupt(ctx, batch, 0)
-    t, group = v1.info["t"], batch["group"]
+    t, group = v1.info["t"], batch.group
     for g in group.unique():
         assert len(set(t[group == g].tolist())) == 1
     assert len(set(t.tolist())) == 3  # fresh across groups
     masks = v1.info["v1"]
     assert len({tuple(m.tolist()) for m in masks}) == batch.size  # masks stay per sample
-    batch["rewards"] = torch.arange(batch.size, dtype=torch.float32) % 3
-    adv = algo.advantages(ctx, batch)
+    batch.rewards = torch.arange(batch.size, dtype=torch.float32) % 3
+    adv = algo.advantages(ctx, batch).values
     w = 1.0 / t
     for g in group.unique():
         assert abs((adv[group == g] * w[group == g]).sum().item()) < 1e-5
@@ -74,7 +74,7 @@ def test_estimate_at_half_is_half_of_full_view_plus_twice_the_coupled_view(famil
     batch = rl_batch(n_prompts=2, group=2, gen_len=8, seed=3)
     views = algo.corrupt(ctx, batch, 0)
     value = algo.log_likelihood(ctx, model, batch, views).value
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     raw = []
     for v in views:  # plain per-view log-probs of the scored tokens, independent of the weights
         lp, _ = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask)
@@ -82,7 +82,7 @@ def test_estimate_at_half_is_half_of_full_view_plus_twice_the_coupled_view(famil
     l0, l1, l2 = raw
     in_v1 = views[1].info["v1"]
     lv = torch.where(in_v1, l1, l2)
-    cmask = batch["completion_mask"]
+    cmask = batch.completion_mask
     expected = (0.5 * (l0 + 2 * lv)) * cmask
     assert torch.allclose(value, expected, atol=1e-5)
     assert (value[cmask] != 0).all()
@@ -92,7 +92,7 @@ def test_leave_one_out_advantages():
     _, algo, ctx = _setup()
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 2.0, 0.0, 1.0, 3.0, 1.0])
     batch = rl_batch(n_prompts=2, group=5, rewards=r)
-    adv = algo.advantages(ctx, batch)
+    adv = algo.advantages(ctx, batch).values
     G = 5
     for g in range(2):
         rg, ag = r[g * G:(g + 1) * G], adv[g * G:(g + 1) * G]
@@ -136,13 +136,13 @@ def test_masks_replay_across_passes_and_microbatches_without_touching_global_rng
 def _first_update_has_unit_ratio(model, algo, ctx, batch, prepare_micro_batch):
     """Old and train passes see identical masks, so at the first inner step the ratio is 1, nothing is clipped and
     the loss is the advantage-weighted token mean."""
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, micro_batch_size=prepare_micro_batch)
     ctx.norms = algo.normalizers(batch)
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    m = batch["completion_mask"].float()
-    assert metrics["loss"] == pytest.approx((-(m * batch["advantages"][:, None]).sum() / m.sum()).item(), abs=1e-6)
+    m = batch.completion_mask.float()
+    assert metrics["loss"] == pytest.approx((-(m * batch.advantages.values[:, None]).sum() / m.sum()).item(), abs=1e-6)
 
 
 def test_identical_masks_in_old_and_train_pass_give_unit_ratio_and_learn():
@@ -160,7 +160,7 @@ def test_kl_to_identical_reference_is_zero():
             return stages.frozen(model)
 
     batch = rl_batch(n_prompts=2, group=2, seed=5)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, reference=SameRef())
     ctx.norms = algo.normalizers(batch)
     assert stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)["kl"] == 0.0
@@ -178,12 +178,12 @@ def test_block_views_partition_x_t_and_keep_the_clean_copy():
     model, algo, ctx = _block_setup()
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=1)
     views = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     W = P + 12
     masks = []
     for v in views:
-        assert v.layout is not None and torch.equal(v.input_ids[:, W:], torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1))
-        assert torch.equal(v.input_ids[:, :P], batch["prompt_ids"])  # prompt never masked
+        assert v.layout is not None and torch.equal(v.input_ids[:, W:], torch.cat([batch.prompt_ids, batch.completion_ids], 1))
+        assert torch.equal(v.input_ids[:, :P], batch.prompt_ids)  # prompt never masked
         masks.append(v.input_ids[:, P:W] == mask_id)
     m0, m1, m2 = masks
     assert m0.all() and not (m1 & m2).any() and (m1 | m2).all()
@@ -196,10 +196,10 @@ def test_block_estimate_at_half_from_per_block_forwards(family):
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=3)
     views = algo.corrupt(ctx, batch, 0)
     assert_matches_brute_force(model, batch, views)
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     l0, l1, l2 = (brute_force_logp(model, batch, v, 4)[:, P:] for v in views)
     lv = torch.where(views[1].info["v1"], l1, l2)
-    cmask = batch["completion_mask"]
+    cmask = batch.completion_mask
     value = algo.log_likelihood(ctx, model, batch, views).value
     assert torch.allclose(value, 0.5 * (l0 + 2 * lv) * cmask, atol=1e-5)
 

@@ -5,7 +5,7 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.dpo import DPOConfig, VRPOConfig
-from dare.config.recipe import DataSection
+from dare.trainer.recipe import DataSection
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from dare.trainer.data import PreferenceSource, load_preference_pairs
@@ -37,7 +37,7 @@ def _margins(model, algo, ctx, batch):
     stages.prepare(algo, ctx, batch, model, ref)
     ctx.norms = algo.normalizers(batch)
     with torch.no_grad():
-        cur = algo.log_likelihood(ctx, model, batch, batch["views"][0])
+        cur = algo.log_likelihood(ctx, model, batch, batch.views[0])
         loss, _ = algo.loss(ctx, batch, cur, 0)
     return algo.margin(batch, cur.value, 0), loss.item()
 
@@ -55,7 +55,7 @@ def test_margin_is_not_zero_without_shared_noise():
     model, algo, ctx, batch = _setup(VRPOConfig(mc_samples=2, antithetic=False))
     s, loss = _margins(model, algo, ctx, batch)
     assert (s.abs() > 1e-4).all() and loss != pytest.approx(math.log(2))
-    assert "ref_views" in batch.fields
+    assert batch.ref_views is not None
 
 
 def test_one_mask_per_timestep_means_n_forwards_per_response():

@@ -6,11 +6,11 @@ import torch
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.dtreerpo import (DTreeRPOConfig, distillation_targets, local_advantages, node_values,
                                       sd_schedule, segments_batch)
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig, generate, generate_tree
 from dare.trainer import stages
-from tests.algorithms.test_espo import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,12 +72,12 @@ def test_transitions_of_every_path_reproduce_the_completion(family, kw):
         covered = torch.zeros_like(state, dtype=torch.bool)
         for k, row in enumerate(path):
             seg = offsets[k] + row
-            assert torch.equal(batch["parent_ids"][seg], state)  # the segment is scored from its parent's state
-            new = (batch["step_map"][seg] >= 0) & (batch["parent_step_map"][seg] < 0)
+            assert torch.equal(batch.state.parent_ids[seg], state)  # the segment is scored from its parent's state
+            new = (batch.step_map[seg] >= 0) & (batch.state.parent_step_map[seg] < 0)
             assert not (new & covered).any()
-            state = torch.where(new, batch["completion_ids"][seg], state)
+            state = torch.where(new, batch.completion_ids[seg], state)
             covered |= new
-            assert torch.equal(batch["segment_targets"][seg], new & batch["completion_mask"][seg])
+            assert torch.equal(batch.state.segment_targets[seg], new & batch.completion_mask[seg])
         written = leaves.step_map[r] >= 0
         assert torch.equal(covered, written)
         assert torch.equal(state[written], leaves.completion_ids[r][written])
@@ -86,7 +86,7 @@ def test_transitions_of_every_path_reproduce_the_completion(family, kw):
 def test_segment_ids_are_global_and_siblings_share_their_parents_id():
     model, tree = _tree("llada", branching=(2, 3), cuts=(4,))
     batch = segments_batch(tree, torch.zeros(12), torch.tensor([5, 9]), model.adapter.mask_token_id)
-    uid, group, level = batch["uid"], batch["group"], batch["tree_level"]
+    uid, group, level = batch.uid, batch.group, batch.state.tree_level
     assert uid.unique().numel() == batch.size == 2 * (2 + 6)
     S = 2 + 6 + 1
     assert set((uid // S).tolist()) == {5, 9} and ((uid % S) >= 1).all()
@@ -188,12 +188,12 @@ def test_segment_loss_at_ratio_one_is_minus_the_mean_over_segments_of_their_adva
     model, algo, ctx = _setup(family, trunks=2, branch_factor=2, inner_iterations=1, beta=0.0, self_distillation=False)
     batch = _tree_batch(model, algo, family)
     assert batch.size == 2 * (2 + 4)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=5)
-    has = batch["segment_targets"].any(1).float()
-    expected = -(batch["advantages"] * has).sum() / batch.size
+    has = batch.state.segment_targets.any(1).float()
+    expected = -(batch.advantages.values * has).sum() / batch.size
     assert m["loss"] == pytest.approx(float(expected), abs=1e-6) and m["ratio_mean"] == pytest.approx(1.0)
 
 
@@ -202,32 +202,32 @@ def test_self_distillation_equals_the_kl_to_the_parent_distribution():
     from the parent's own forward, q = softmax(A / tau)-weighted children with A > 0."""
     model, algo, ctx = _setup("llada", trunks=2, branch_factor=3, beta=0.0, inner_iterations=1)
     batch = _tree_batch(model, algo, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0] * 2))
-    adv = algo.advantages(ctx, batch)
+    adv = algo.advantages(ctx, batch).values
     lam, tau = sd_schedule(ctx.step, algo.config)
-    w, log_q, pairs = distillation_targets(batch["completion_ids"], batch["segment_targets"], adv, batch["group"], tau)
+    w, log_q, pairs = distillation_targets(batch.completion_ids, batch.state.segment_targets, adv, batch.group, tau)
     assert pairs > 0
     views = algo.corrupt(ctx, batch, 0)
     with torch.no_grad():
         logp = algo.log_likelihood(ctx, model, batch, views).value
     ours = float((w * (log_q - logp)).sum() / pairs)
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     total, count = 0.0, 0
-    for g in torch.unique(batch["group"]).tolist():
-        members = (batch["group"] == g).nonzero().flatten()
+    for g in torch.unique(batch.group).tolist():
+        members = (batch.group == g).nonzero().flatten()
         pos = members[adv[members] > 0]
         if members.numel() <= 1 or pos.numel() == 0:
             continue
         i0 = int(members[0])
-        x = torch.cat([batch["prompt_ids"][i0], batch["parent_ids"][i0]])[None]
+        x = torch.cat([batch.prompt_ids[i0], batch.state.parent_ids[i0]])[None]
         with torch.no_grad():
-            parent_lp = model(x, attention_mask=torch.cat([batch["prompt_mask"][i0], torch.ones(8, dtype=torch.bool)])[None]
+            parent_lp = model(x, attention_mask=torch.cat([batch.prompt_mask[i0], torch.ones(8, dtype=torch.bool)])[None]
                               ).logits[0, P:].float().log_softmax(-1)
         wts = torch.softmax(adv[pos].double() / tau, 0)
         for j in range(8):
-            act = batch["segment_targets"][pos, j]
+            act = batch.state.segment_targets[pos, j]
             if not act.any():
                 continue
-            toks, ww = batch["completion_ids"][pos[act], j], wts[act]
+            toks, ww = batch.completion_ids[pos[act], j], wts[act]
             uniq = torch.unique(toks)
             q = torch.stack([ww[toks == u].sum() for u in uniq]) / ww.sum()
             total += float((q * (q.log() - parent_lp[j, uniq].double())).sum())
@@ -253,14 +253,14 @@ def test_a_segment_is_scored_from_its_parents_state_as_the_sampler_saw_it(family
     tree = generate_tree(model, [tok.encode(p) for p in PROMPTS], sampler, [2, 2], algo.cut_steps(model, sampler),
                          seeds=[5, 6])
     batch = segments_batch(tree, torch.zeros(8), torch.tensor([0, 1]), model.adapter.mask_token_id)
-    batch.meta["block_length"] = sampler.block_length
+    batch.state.block_length = sampler.block_length
     ours = algo.log_likelihood(ctx, model, batch, algo.corrupt(ctx, batch, 0)).value
     checked = 0
     for r in range(batch.size):
-        prompt = batch["prompt_ids"][r][batch["prompt_mask"][r]]
+        prompt = batch.prompt_ids[r][batch.prompt_mask[r]]
         P = prompt.numel()
-        parent, child = batch["parent_ids"][r], batch["completion_ids"][r]
-        for t in batch["segment_targets"][r].nonzero().flatten().tolist():
+        parent, child = batch.state.parent_ids[r], batch.completion_ids[r]
+        for t in batch.state.segment_targets[r].nonzero().flatten().tolist():
             if block is None:
                 x = torch.cat([prompt, parent])[None]
                 lp = model(x).logits[0, P + t].float().log_softmax(-1)
@@ -280,7 +280,7 @@ def test_a_segment_is_scored_from_its_parents_state_as_the_sampler_saw_it(family
 def test_training_step_runs_with_mu_and_kl_and_is_micro_batch_invariant():
     model, algo, ctx = _setup("llada", trunks=2, branch_factor=2, inner_iterations=2, beta=0.05, sd_lambda_max=1.0)
     batch = _tree_batch(model, algo)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, reference=_Frozen(model))
     ctx.norms = algo.normalizers(batch)
     a = stages.update(algo, ctx, model, batch, 0, micro_batch_size=100)

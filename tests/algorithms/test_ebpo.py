@@ -3,13 +3,13 @@ import torch
 
 from dare.algorithms import StepContext, build_algorithm
 from dare.algorithms.ebpo import EBPOConfig
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="sdar", **cfg):
@@ -21,7 +21,7 @@ def _setup(family="sdar", **cfg):
 
 
 def _prepare(algo, ctx, model, batch):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, micro_batch_size=3)
     ctx.norms = algo.normalizers(batch)
     return batch
@@ -38,8 +38,8 @@ def _token_logp(model, view):
 
 def _blocks(batch, i, P, bs=4):
     """Column ranges [start, end) of row i's completion blocks (absolute positions from the real prompt start)."""
-    pad = P - int(batch["prompt_mask"][i].sum())
-    L = int(batch["completion_mask"][i].sum())
+    pad = P - int(batch.prompt_mask[i].sum())
+    L = int(batch.completion_mask[i].sum())
     out, col = [], P
     while col < P + L:
         end = pad + ((col - pad) // bs + 1) * bs
@@ -51,16 +51,16 @@ def _blocks(batch, i, P, bs=4):
 def test_every_block_noised_at_the_stratified_level_with_count_weights():
     model, algo, ctx = _setup(num_mc=4)
     batch = rl_batch(n_prompts=2, group=2, gen_len=14, seed=1)
-    P, W, mask_id = batch["prompt_ids"].shape[1], batch["prompt_ids"].shape[1] + 14, model.adapter.mask_token_id
+    P, W, mask_id = batch.prompt_ids.shape[1], batch.prompt_ids.shape[1] + 14, model.adapter.mask_token_id
     views = algo.corrupt(ctx, batch, 0)
     t = torch.stack([v.info["t"] for v in views])  # [N, B]
     assert torch.equal(torch.sort(torch.floor(t * 4), 0).values, torch.arange(4.0)[:, None].expand(4, batch.size))
-    valid = batch["completion_mask"]
+    valid = batch.completion_mask
     for k, v in enumerate(views):
         assert v.layout is not None and v.input_ids.shape[1] == 2 * W
         noisy = v.input_ids[:, :W]
         assert torch.equal(v.input_ids[:, W:], v.labels)  # clean copy
-        assert torch.equal(noisy[:, :P], batch["prompt_ids"])  # prompt never masked
+        assert torch.equal(noisy[:, :P], batch.prompt_ids)  # prompt never masked
         masked = noisy[:, P:] == mask_id
         assert masked[~valid].all() and torch.equal(masked & valid, v.targets[:, P:])
         for i in range(batch.size):
@@ -77,8 +77,8 @@ def test_every_block_noised_at_the_stratified_level_with_count_weights():
 def test_vectorised_block_terms_equal_separate_per_block_forwards(family):
     model, algo, ctx = _setup(family, num_mc=2)
     batch = rl_batch(n_prompts=2, group=1, gen_len=12, seed=2)
-    P, W = batch["prompt_ids"].shape[1], batch["prompt_ids"].shape[1] + 12
-    attn = torch.cat([batch["prompt_mask"], torch.ones_like(batch["completion_mask"])], 1)
+    P, W = batch.prompt_ids.shape[1], batch.prompt_ids.shape[1] + 12
+    attn = torch.cat([batch.prompt_mask, torch.ones_like(batch.completion_mask)], 1)
     for v in algo.corrupt(ctx, batch, 0):
         vec = _token_logp(model, v)
         noisy, clean = v.input_ids[:, :W], v.labels
@@ -89,19 +89,19 @@ def test_vectorised_block_terms_equal_separate_per_block_forwards(family):
                 out = model(x, attention_mask=attn[i:i + 1, :e]).logits.float().log_softmax(-1)
                 sep = out[0, torch.arange(s, e), clean[i, s:e]]
                 tgt = v.targets[i, s:e]
-                assert tgt.any() or s >= P + int(batch["completion_mask"][i].sum())
+                assert tgt.any() or s >= P + int(batch.completion_mask[i].sum())
                 assert torch.allclose(vec[i, s:e][tgt], sep[tgt], atol=1e-5)
 
 
 def test_block_terms_are_invariant_to_future_blocks():
     model, algo, ctx = _setup(num_mc=2)
     batch = rl_batch(n_prompts=1, group=2, gen_len=12, seed=3)
-    batch["completion_mask"][:] = True
-    P = batch["prompt_ids"].shape[1]
+    batch.completion_mask[:] = True
+    P = batch.prompt_ids.shape[1]
     before = [_token_logp(model, v) for v in algo.corrupt(ctx, batch, 0)]
     last_start = _blocks(batch, 0, P)[-1][0]
     assert _blocks(batch, 1, P)[-1][0] == last_start
-    batch["completion_ids"][:, last_start - P:] = 42  # rewrite the last block (same masks: noise is keyed by uid)
+    batch.completion_ids[:, last_start - P:] = 42  # rewrite the last block (same masks: noise is keyed by uid)
     after = [_token_logp(model, v) for v in algo.corrupt(ctx, batch, 0)]
     for a, b in zip(before, after):
         assert torch.equal(a[:, :last_start], b[:, :last_start])
@@ -118,7 +118,7 @@ def test_composite_elbo_value_and_unit_ratio_on_policy():
     _prepare(algo, ctx, model, batch)
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    assert metrics["loss"] == pytest.approx(-(batch["advantages"].sum() / batch.size).item(), abs=1e-6)
+    assert metrics["loss"] == pytest.approx(-(batch.advantages.values.sum() / batch.size).item(), abs=1e-6)
 
 
 def test_two_pass_gradient_equals_full_graph_gradient():
@@ -139,8 +139,8 @@ def test_two_pass_gradient_equals_full_graph_gradient():
 
 def test_masked_models_are_rejected():
     _, algo, ctx = _setup("llada")
-    with pytest.raises(ValueError, match="block_causal"):
-        algo.corrupt(ctx, rl_batch(n_prompts=1, group=2), 0)
+    with pytest.raises(ValueError, match="block_causal"):  # the trainer's start-up check
+        algo.check_model(ctx.adapter)
 
 
 def test_recipe_defaults():

@@ -1,69 +1,19 @@
-import contextlib
 import copy
-import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
-from dare.algorithms.espo import ESPOConfig, stratified_counts
-from dare.config.recipe import load_recipe
+from dare.algorithms.common.elbo import stratified_counts
+from dare.algorithms.espo import ESPOConfig
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
-from dare.rewards import REWARDS, register_reward
 from dare.trainer import stages
-from dare.trainer.loop import Trainer
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
                                            brute_force_logp)
 from tests.algorithms.helpers import rl_batch
-
-ROOT = Path(__file__).resolve().parents[2]
-
-if "mc_test_sevens" not in REWARDS:
-    @register_reward("mc_test_sevens")
-    def _sevens(completion, example):
-        """A toy reward with signal for a tiny random model: the fraction of '7' characters."""
-        return completion.count("7") / max(len(completion), 1)
-
-
-@contextlib.contextmanager
-def single_thread():
-    """Tiny models are dominated by threading overhead: one intra-op thread is as fast alone and far faster when the
-    machine is shared (measured 3 ms vs 100+ ms per forward under load with 2 threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Every test of the MC-algorithm modules runs single-threaded (imported by the sibling test modules)."""
-    with single_thread():
-        yield
-
-
-def run_rl_recipe(tmp_path, name, family, *overrides):
-    """``dare train recipes/rl/<name>.yaml`` shrunk to a few seconds: tiny model, 2 steps, 8-token rollouts.
-
-    Shared by the end-to-end tests of the sequence-ELBO / MC algorithms (Coupled-GRPO, SPG, wd1, BGPO, ESPO, EBPO).
-    """
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
-    recipe = load_recipe(ROOT / f"recipes/rl/{name}.yaml", [
-        f"model.path=tiny:{family}", "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2",
-        "train.batch_size=2", "train.micro_batch_size=4", "rollout.group_size=4",
-        f"rollout.sampler={{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}",
-        "reward.name=mc_test_sevens", "reward.workers=0", "data.dataset.limit=8", f"train.output_dir={tmp_path}",
-        "train.export=false", "train.save_every=0", "logging.progress=false", "logging.tensorboard=false",
-        "logging.plot=false", *overrides])
-    with single_thread():
-        hist = Trainer(recipe).run()
-    assert len(hist) == 2 and all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in hist)
-    assert any(h["grad_norm"] > 0 for h in hist), hist  # a real update happened
-    return recipe, hist
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 
 
 def _setup(family="llada", **cfg):
@@ -81,7 +31,7 @@ class _Ref:
 
 
 def _prepare(algo, ctx, model, batch, reference=None):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, reference=reference, micro_batch_size=3)
     ctx.norms = algo.normalizers(batch)
     return batch
@@ -111,8 +61,8 @@ def test_main_and_complement_partition_the_completion():
     batch = rl_batch(n_prompts=3, group=2, gen_len=12, seed=1)
     views = algo.corrupt(ctx, batch, 0)
     assert len(views) == 6 == algo.mc_samples
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
-    valid = batch["completion_mask"]
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
+    valid = batch.completion_mask
     L = valid.sum(-1)
     counts = []
     for main, comp in zip(views[::2], views[1::2]):
@@ -121,7 +71,7 @@ def test_main_and_complement_partition_the_completion():
         for v in (main, comp):
             masked = v.input_ids[:, P:] == mask_id
             assert torch.equal(masked & valid, v.targets[:, P:]) and masked[~valid].all()  # post-EOS marginalised
-            assert torch.equal(v.input_ids[:, :P], batch["prompt_ids"])
+            assert torch.equal(v.input_ids[:, :P], batch.prompt_ids)
         x = tm.sum(-1)
         counts.append(x)
         assert torch.allclose(main.info["p"], x / (L + 1)) and torch.allclose(comp.info["p"], (L - x) / (L + 1))
@@ -148,10 +98,10 @@ def test_ratio_is_one_with_shared_noise_and_not_without():
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=2, group=3, seed=3))
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    assert metrics["loss"] == pytest.approx(-(batch["advantages"].sum() / batch.size).item(), abs=1e-6)
+    assert metrics["loss"] == pytest.approx(-(batch.advantages.values.sum() / batch.size).item(), abs=1e-6)
     other = StepContext(step=5, seed=9, adapter=ctx.adapter)  # different noise: the estimate moves
     fresh = algo.log_likelihood(other, model, batch, algo.corrupt(other, batch, 0)).value
-    assert not torch.allclose(fresh, batch["old_logp"][0], atol=1e-3)
+    assert not torch.allclose(fresh, batch.old_logp[0], atol=1e-3)
 
 
 def test_two_pass_gradient_equals_full_graph_gradient_with_clipping_and_kl():
@@ -180,10 +130,10 @@ def test_k2_kl_on_raw_elbo_over_length():
     model, algo, ctx = _setup(inner_iterations=1, beta=1.0, two_pass_backward=False)
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=1, group=3, seed=5), reference=_Ref(model))
     assert stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)["kl"] == 0.0
-    current = algo.log_likelihood(ctx, model, batch, batch["views"][0])
-    batch["ref_logp"][0] = current.value.detach() - 2.0  # ELBO gap 2 -> k2 = 2 / L
+    current = algo.log_likelihood(ctx, model, batch, batch.views[0])
+    batch.ref_logp[0] = current.value.detach() - 2.0  # ELBO gap 2 -> k2 = 2 / L
     _, metrics = algo.loss(ctx, batch, current, 0)
-    L = batch["completion_mask"].sum(-1).float()
+    L = batch.completion_mask.sum(-1).float()
     assert metrics["kl"] == pytest.approx((2.0 / L).mean().item(), rel=1e-5)
 
 
@@ -200,12 +150,12 @@ def test_block_nelbo_from_per_block_forwards(family):
     model, algo, ctx = _block_setup(family, num_mc=2)
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=1)
     views = algo.corrupt(ctx, batch, 0)
-    P = batch["prompt_ids"].shape[1]
-    valid = batch["completion_mask"]
+    P = batch.prompt_ids.shape[1]
+    valid = batch.completion_mask
     for main, comp in zip(views[::2], views[1::2]):  # the complement pass still partitions the completion
         tm, tc = main.targets[:, P:], comp.targets[:, P:]
         assert not (tm & tc).any() and torch.equal(tm | tc, valid)
-        assert torch.equal(main.input_ids[:, 2 * P + 12:], batch["completion_ids"])  # clean copy
+        assert torch.equal(main.input_ids[:, 2 * P + 12:], batch.completion_ids)  # clean copy
     assert_matches_brute_force(model, batch, views)
     expected = sum((brute_force_logp(model, batch, v, 4) * v.weight).sum(-1) for v in views)
     value = algo.log_likelihood(ctx, model, batch, views).value
@@ -215,7 +165,7 @@ def test_block_nelbo_from_per_block_forwards(family):
 def test_block_terms_ignore_later_blocks():
     model, algo, ctx = _block_setup(num_mc=2)
     batch = rl_batch(n_prompts=2, group=2, gen_len=12, seed=2)
-    batch["completion_mask"][:] = True
+    batch.completion_mask[:] = True
     assert_future_blocks_invisible(model, batch, algo.corrupt(ctx, batch, 0))
 
 
@@ -225,24 +175,24 @@ def test_block_ratio_is_one_with_shared_noise(family):
     batch = _prepare(algo, ctx, model, rl_batch(n_prompts=2, group=3, seed=3))
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_frac"] == 0.0
-    assert metrics["loss"] == pytest.approx(-(batch["advantages"].sum() / batch.size).item(), abs=1e-6)
+    assert metrics["loss"] == pytest.approx(-(batch.advantages.values.sum() / batch.size).item(), abs=1e-6)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
 def test_sequence_ratio_is_length_normalised_and_clipped_per_sequence():
     _, algo, ctx = _setup(inner_iterations=2, beta=0.0, clip_low=0.2)
     batch = rl_batch(n_prompts=1, group=4, seed=6, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]))
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
-    L = batch["completion_mask"].sum(-1).float()
+    L = batch.completion_mask.sum(-1).float()
     old = -torch.rand(4, 1) * 50
     target = torch.tensor([1.1, 1.1, 1.5, 0.5])  # two inside the clip range, two outside
-    batch["old_logp"] = {0: old}
+    batch.old_logp = {0: old}
     value = (old[:, 0] + L * torch.log(target))[:, None].requires_grad_(True)
     loss, metrics = algo.loss(ctx, batch, LogLik(value), 0)
     loss.backward()
     assert metrics["ratio_mean"] == pytest.approx(target.mean().item(), rel=1e-5)
-    adv = batch["advantages"]
+    adv = batch.advantages.values
     # A > 0 at ratio 1.5 and A < 0 at ratio 0.5 are clipped: no gradient; the others: -A rho / (L * #seqs)
     expected = torch.tensor([-adv[0] * 1.1 / L[0], -adv[1] * 1.1 / L[1], 0.0, 0.0]) / 4
     assert torch.allclose(value.grad[:, 0], expected, atol=1e-6)
@@ -258,26 +208,6 @@ def test_noise_replays_per_iteration_and_microbatch():
     sub = algo.corrupt(ctx, batch.select([4, 2]), 0)
     assert all(torch.equal(s.input_ids, x.input_ids[[4, 2]]) and torch.equal(s.weight, x.weight[[4, 2]])
                for s, x in zip(sub, a))
-
-
-def learns_toy_reward(tmp_path, name, family, *overrides, recipe=None, sampler=None):
-    """15 steps of the recipe on the toy '7' reward; the mean reward must rise by more than 0.3 (it starts near 0.03).
-
-    ``recipe``: a recipe path relative to the repository (default ``recipes/rl/<name>.yaml``); ``sampler``: the
-    rollout sampler as a YAML mapping (default: 8 tokens, the family's tiny block, 8 steps at temperature 1).
-    Returns the per-step mean rewards."""
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
-    sampler = sampler or f"{{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}"
-    recipe = load_recipe(ROOT / (recipe or f"recipes/rl/{name}.yaml"), [
-        f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
-        "rollout.group_size=8", f"rollout.sampler={sampler}",
-        "reward.name=mc_test_sevens", "reward.workers=0", "data.dataset.limit=64", f"train.output_dir={tmp_path}",
-        "optim.lr=3e-3", "optim.weight_decay=0.0", "train.export=false", "train.save_every=0",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", *overrides])
-    with single_thread():
-        rewards = [h["reward_mean"] for h in Trainer(recipe).run()]
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
-    return rewards
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 import torch
 
-from dare.algorithms.grpo import (aggregate, clipped_surrogate, group_advantages, kl_penalty, zero_variance_groups)
+from dare.algorithms.advantages import aggregate, group_advantages, zero_variance_groups
+from dare.algorithms.losses import clipped_surrogate, kl_penalty
 
 
 def test_mean_advantages_sum_to_zero_per_group():

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from dare.algorithms import StepContext, build_algorithm
-from dare.algorithms.base import Algorithm
+from dare.algorithms import Algorithm
 from dare.algorithms.justgrpo import JustGRPOConfig, ar_targets
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import masks, tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig
 from dare.trainer import stages
-from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.helpers import corrupt, rl_batch
+from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +32,11 @@ def brute_force_logp(model, batch, targets, temperature=1.0):
     Bidirectional models see ``[prompt ; y_<t ; MASK * (Lc - t)]``; block models decoding with block length 1 see
     ``[prompt ; y_<t ; MASK]`` under causal attention (blocks of one token)."""
     mask_id = model.adapter.mask_token_id
-    comp = batch["completion_ids"]
+    comp = batch.completion_ids
     B, Lc = comp.shape
     out = torch.zeros(B, Lc)
     for i in range(B):
-        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i]]
         P = prompt.numel()
         for t in targets[i].nonzero().flatten().tolist():
             if model.adapter.is_block_causal:
@@ -53,9 +53,9 @@ def brute_force_logp(model, batch, targets, temperature=1.0):
 
 
 def _scored(algo, ctx, model, batch):
-    algo.corrupt(ctx, batch, 0)
+    views = corrupt(algo, ctx, batch, 0)
     with torch.no_grad():
-        return algo.log_likelihood(ctx, model, batch, batch.meta["ar_views"]).value
+        return algo.log_likelihood(ctx, model, batch, views).value
 
 
 @pytest.mark.parametrize("family,pack", [("llada", 10_000), ("llada", 40), ("dream", 1), ("sdar", 0)])
@@ -63,11 +63,11 @@ def test_summed_token_logps_equal_the_brute_force_likelihood(family, pack):
     """Golden: per-token AR log-probs (packed states / one block-size-1 pass) = one masked sequence per token."""
     model, algo, ctx = _setup(family, tokens_per_forward=max(pack, 1))
     batch = rl_batch(n_prompts=2, group=2, prompt_lens=(5, 9), gen_len=7, seed=4)
-    batch.meta["temperature"] = 0.7  # the sampler's (JustGRPO.collect records it)
-    batch["step_map"] = torch.arange(7).expand(4, 7).clone()
+    ctx.services.rollout_sampler = SamplerConfig(temperature=0.7)  # JustGRPO scores the sampler's policy
+    batch.step_map = torch.arange(7).expand(4, 7).clone()
     ours = _scored(algo, ctx, model, batch)
-    targets = batch["ar_targets"]
-    assert torch.equal(targets, batch["completion_mask"] | True)  # post_tokens=None: every written position
+    targets = batch.state.targets
+    assert torch.equal(targets, batch.completion_mask | True)  # post_tokens=None: every written position
     brute = brute_force_logp(model, batch, targets, temperature=0.7)
     assert torch.allclose(ours[targets], brute[targets], atol=2e-5), (ours - brute).abs().max()
     assert torch.allclose(ours.sum(1), brute.sum(1), atol=1e-4)  # the completion's exact log-likelihood
@@ -77,26 +77,26 @@ def test_summed_token_logps_equal_the_brute_force_likelihood(family, pack):
 def test_states_are_stacked_into_few_forwards_and_block_models_take_one():
     model, algo, ctx = _setup("llada", tokens_per_forward=64)
     batch = rl_batch(n_prompts=2, group=2, prompt_lens=(5, 9), gen_len=7, seed=4)
-    algo.corrupt(ctx, batch, 0)
-    n_states = int(batch["ar_targets"].sum())
+    corrupt(algo, ctx, batch, 0)
+    n_states = int(batch.state.targets.sum())
     per = 64 // (9 + 7)  # padded prompt width + gen_length
     views = algo.forwards(ctx, batch)
     assert len(views) == -(-n_states // per) and all(v.input_ids.shape[0] <= per for v in views)
     assert sum(int(v.targets.sum()) for v in views) == n_states
     model, algo, ctx = _setup("sdar")
-    algo.corrupt(ctx, batch, 0)
+    corrupt(algo, ctx, batch, 0)
     assert len(algo.forwards(ctx, batch)) == 1
 
 
 def test_positions_the_sampler_never_wrote_are_not_scored():
     batch = rl_batch(n_prompts=1, group=3, gen_len=8, seed=2)
-    cm = batch["completion_mask"]
+    cm = batch.completion_mask
     step_map = torch.arange(8).expand(3, 8).clone()
     step_map[~cm] = -1  # block_stop: nothing decoded after the first stop token
-    batch["step_map"] = step_map
+    batch.step_map = step_map
     assert torch.equal(ar_targets(batch, None), cm)
     step_map = torch.arange(8).expand(3, 8).clone()
-    batch["step_map"] = step_map
+    batch.step_map = step_map
     assert ar_targets(batch, None).all()
     n = cm.long().sum(1, keepdim=True)
     assert torch.equal(ar_targets(batch, 1), torch.arange(8)[None] < n + 1)
@@ -112,9 +112,9 @@ def test_greedy_left_to_right_rollout_picks_the_argmax_of_every_scored_condition
     targets = ar_targets(batch, None)
     assert targets.all()
     mask_id = model.adapter.mask_token_id
-    comp = batch["completion_ids"]
+    comp = batch.completion_ids
     for i in range(comp.shape[0]):
-        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
+        prompt = batch.prompt_ids[i][batch.prompt_mask[i]]
         for t in range(6):
             if family == "sdar":
                 x = torch.cat([prompt, comp[i, :t], torch.tensor([mask_id])])[None]
@@ -149,12 +149,12 @@ def test_advantages_use_the_unbiased_std_and_valid_samples_normalise():
     model, algo, ctx = _setup("llada")
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.5, 0.5])
     batch = rl_batch(n_prompts=2, group=3, gen_len=6, seed=1, rewards=rewards)
-    adv = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
+    adv = batch.advantages.values
     g = rewards[:3]
     assert torch.allclose(adv[:3], (g - g.mean()) / (g.std() + 1e-4))  # torch.std: unbiased, as the reference
     assert (adv[3:] == 0).all()
-    batch["advantages"] = adv
-    algo.corrupt(ctx, batch, 0)
+    corrupt(algo, ctx, batch, 0)
     assert algo.normalizers(batch)["seqs"] == 3.0  # the reference's valid_samples
 
 
@@ -164,15 +164,15 @@ def test_loss_and_gradient_match_one_graph_over_the_whole_likelihood(family):
     gradient of that single loss."""
     model, algo, ctx = _setup(family, tokens_per_forward=50)
     batch = rl_batch(n_prompts=2, group=3, gen_len=6, seed=5, rewards=torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0]))
-    batch["step_map"] = torch.arange(6).expand(6, 6).clone()
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.step_map = torch.arange(6).expand(6, 6).clone()
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model, micro_batch_size=4)
     ctx.norms = algo.normalizers(batch)
     model.zero_grad()
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)
     assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0.0
-    tgt = batch["ar_targets"].float()
-    expected = -(tgt * batch["advantages"][:, None]).sum() / (6 * (ctx.norms["seqs"] + 1e-5))
+    tgt = batch.state.targets.float()
+    expected = -(tgt * batch.advantages.values[:, None]).sum() / (6 * (ctx.norms["seqs"] + 1e-5))
     assert m["loss"] == pytest.approx(float(expected), abs=1e-6)
     split = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
@@ -186,7 +186,7 @@ def test_loss_and_gradient_match_one_graph_over_the_whole_likelihood(family):
 def test_learning_step_is_deterministic_across_micro_batching():
     model, algo, ctx = _setup("llada")
     batch = rl_batch(n_prompts=2, group=3, gen_len=6, seed=6, rewards=torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 0.2]))
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     a = stages.update(algo, ctx, model, batch, 0, micro_batch_size=6)
@@ -218,18 +218,18 @@ def test_padding_views_score_nothing_and_keep_the_gradient_path(monkeypatch):
     import dare.algorithms.justgrpo as jg
     model, algo, ctx = _setup("llada", tokens_per_forward=40)
     batch = rl_batch(n_prompts=1, group=2, gen_len=5, seed=3, rewards=torch.tensor([1.0, 0.0]))
-    batch["step_map"] = torch.arange(5).expand(2, 5).clone()
-    algo.corrupt(ctx, batch, 0)
+    batch.step_map = torch.arange(5).expand(2, 5).clone()
+    views = corrupt(algo, ctx, batch, 0)
     base = len(algo.forwards(ctx, batch))
     with torch.no_grad():
-        before = algo.log_likelihood(ctx, model, batch, batch.meta["ar_views"]).value
+        before = algo.log_likelihood(ctx, model, batch, views).value
     monkeypatch.setattr(jg, "agree_max", lambda values, device: [v + 2 for v in values])
-    views = algo.forwards(ctx, batch)
-    assert len(views) == base + 2 and not views[-1].targets.any()
+    padded = algo.forwards(ctx, batch)
+    assert len(padded) == base + 2 and not padded[-1].targets.any()
     with torch.no_grad():
-        after = algo.log_likelihood(ctx, model, batch, batch.meta["ar_views"]).value
+        after = algo.log_likelihood(ctx, model, batch, views).value
     assert torch.equal(before, after)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
     algo.backward(ctx, model, batch, 0)
 

@@ -18,11 +18,11 @@ from dare.algorithms import ALGORITHMS, StepContext, build_algorithm, load_built
 from dare.algorithms.matrix import (ATTENTION_KINDS, MARKERS, algorithm_infos, family_attention, marked_block,
                                     markdown_matrix, supported_cells, with_matrix)
 from dare.cli import main as dare_main
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import FAMILIES, tiny, tiny_tokenizer
 from dare.trainer.loop import Trainer
 from tests.algorithms.helpers import rl_batch
-from tests.algorithms.test_espo import one_thread, single_thread  # noqa: F401  (autouse fixture; registers the toy reward)
+from tests.algorithms.toy_task import one_thread, single_thread  # noqa: F401  (autouse fixture; registers the toy reward)
 
 ROOT = Path(__file__).resolve().parents[2]
 load_builtin_algorithms()
@@ -111,8 +111,8 @@ def test_unsupported_attention_kinds_get_a_clear_error(name, kind):
     family = next(f for f, k in family_attention().items() if k == kind)
     model = tiny(family, tokenizer=tiny_tokenizer(), num_layers=1, hidden_size=32)
     algo = build_algorithm(ALGORITHMS[name].config_class())
-    with pytest.raises(ValueError, match=f"this model is '{kind}'"):
-        algo.corrupt(StepContext(step=0, seed=0, adapter=model.adapter), rl_batch(n_prompts=1, group=2), 0)
+    with pytest.raises(ValueError, match=f"this model is '{kind}'"):  # the check the trainer runs at start-up
+        algo.check_model(model.adapter)
 
 
 def test_dare_algorithms_lists_every_registered_algorithm(capsys):

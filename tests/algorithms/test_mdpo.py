@@ -4,9 +4,11 @@ import math
 import pytest
 import torch
 
-from dare.algorithms.mdpo import MDPOConfig, group_zscore_unbiased, step_advantages_raw, top_steps
+from dare.algorithms.advantages import group_zscore_unbiased
+from dare.algorithms.mdpo import MDPOConfig, step_advantages_raw, top_steps
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
+from tests.algorithms.helpers import corrupt, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
 
 
@@ -52,38 +54,38 @@ def _mdpo_batch(model, ctx, steps=4, gen=8, n=3, rcr=False):
                             rcr=rcr, block_stop=False)
     batch, r = rollout_batch(model, sampler, n=n)
     t = r.trajectory
-    batch["trajectory"] = {"states": t.states, "x0": t.x0, "confidence": t.confidence, "valid": t.valid}
-    score, calls = _scorer(target_token=int(batch["completion_ids"][0, 0]))
-    ctx.services["score_completions"] = score
+    batch.trajectory = t
+    score, calls = _scorer(target_token=int(batch.completion_ids[0, 0]))
+    ctx.services.score_completions = score
     return batch, r, calls
 
 
 def test_views_replay_the_selected_states_with_predictions_as_labels():
     model, algo, ctx = setup(MDPOConfig(sample_train_steps=2))
     batch, r, calls = _mdpo_batch(model, ctx)
-    views = algo.corrupt(ctx, batch, 0)
+    views = corrupt(algo, ctx, batch, 0)
     t = r.trajectory
     B, S, Lc = t.states.shape
     # every valid step's prediction was scored once, with the row it belongs to
     assert calls[0][0].shape == (int(t.valid.sum()), Lc)
-    assert torch.equal(batch["step_rewards"][:, 0], (t.x0[:, 0] == int(batch["completion_ids"][0, 0])).float().mean(1)
+    assert torch.equal(batch.state.step_rewards[:, 0], (t.x0[:, 0] == int(batch.completion_ids[0, 0])).float().mean(1)
                        + 0.1 * torch.arange(B).float())
-    steps = batch.meta["mdpo_steps"]
-    assert steps == top_steps(batch["step_advantages"], t.valid, 2)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    steps = batch.state.steps
+    assert steps == top_steps(batch.state.step_advantages, t.valid, 2)
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     for v, s in zip(views, steps):
         assert torch.equal(v.input_ids[:, P:], t.states[:, s])
         assert torch.equal(v.targets[:, P:], t.states[:, s] == mask_id)
         assert torch.equal(v.labels[:, P:], t.x0[:, s])
         assert torch.equal(v.info["confidence"], t.confidence[:, s])
-    adv = algo.advantages(ctx, batch)
-    assert torch.equal(adv, batch["step_advantages"][:, steps])
+    adv = algo.advantages(ctx, batch).values
+    assert torch.equal(adv, batch.state.step_advantages[:, steps])
 
 
 def test_lambda_times_masked_count_is_the_generation_length():
     model, algo, ctx = setup(MDPOConfig(sample_train_steps=4))
     batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8)
-    views = algo.corrupt(ctx, batch, 0)
+    views = corrupt(algo, ctx, batch, 0)
     tgt, lam, _ = algo._slot_tensors(batch, views)
     n = tgt.view(tgt.shape[0], len(views), 8).float().sum(-1)
     lam_slot = lam.view(tgt.shape[0], len(views), 8)[..., 0]
@@ -94,14 +96,14 @@ def test_lambda_times_masked_count_is_the_generation_length():
 def test_ratio_one_loss_and_per_step_backward_match_the_formula():
     model, algo, ctx = setup(MDPOConfig(sample_train_steps=3))
     batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8)
-    batch["advantages"] = None
+    batch.advantages = None
     stages.prepare(algo, ctx, batch, model)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
-    views = batch["views"][0]
+    views = batch.views[0]
     tgt, lam, conf = algo._slot_tensors(batch, views)
     k, Lc = len(views), 8
-    adv = batch["advantages"].repeat_interleave(Lc, dim=1)
+    adv = batch.advantages.values.repeat_interleave(Lc, dim=1)
     n = torch.tensor([ctx.norms[f"mdpo_slot_{j}"] for j in range(k)]).repeat_interleave(Lc)[None]
     expected = (-adv * lam * conf * tgt / n).sum()
     model.zero_grad()
@@ -119,9 +121,9 @@ def test_ratio_one_loss_and_per_step_backward_match_the_formula():
 def test_dream_scores_each_target_from_the_previous_row_at_the_temperature():
     model, algo, ctx = setup(MDPOConfig(sample_train_steps=1, temperature=0.5), "dream")
     batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8, n=2)
-    (v,) = algo.corrupt(ctx, batch, 0)
+    (v,) = corrupt(algo, ctx, batch, 0)
     logp = algo.log_likelihood(ctx, model, batch, [v]).value
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     logits = model(v.input_ids, attention_mask=v.attention_mask).logits.float() / 0.5
     ref = torch.log_softmax(logits, -1)
     i, k = v.targets[:, P:].nonzero(as_tuple=True)
@@ -133,8 +135,8 @@ def test_dream_scores_each_target_from_the_previous_row_at_the_temperature():
 def test_rcr_rollouts_train_and_confidences_are_running():
     model, algo, ctx = setup(MDPOConfig(sample_train_steps=2))
     batch, r, _ = _mdpo_batch(model, ctx, steps=4, gen=8, rcr=True)
-    batch["advantages"] = algo.advantages(ctx, batch)
-    stages.prepare(algo, ctx, batch, model)
+    stages.prepare(algo, ctx, batch, model)  # the loop's order: state and views, then the advantages
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
     model.zero_grad()
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
@@ -145,23 +147,21 @@ def test_rcr_rollouts_train_and_confidences_are_running():
 def test_errors_name_the_fix():
     model, algo, ctx = setup(MDPOConfig())
     batch, _, _ = _mdpo_batch(model, ctx)
-    del batch.fields["trajectory"]
+    batch.trajectory = None
     with pytest.raises(ValueError, match="record_trajectory"):
-        algo.corrupt(ctx, batch, 0)
+        corrupt(algo, ctx, batch, 0)
     sampler = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, record_trajectory=True)
     batch, r = rollout_batch(model, sampler)
     t = r.trajectory
-    batch["trajectory"] = {"states": t.states, "x0": t.x0, "confidence": t.confidence, "valid": t.valid}
+    batch.trajectory = t
     with pytest.raises(ValueError, match="single-block"):
-        algo.corrupt(ctx, batch, 0)
+        corrupt(algo, ctx, batch, 0)
     _, block_algo, block_ctx = setup(MDPOConfig(), "sdar")
-    with pytest.raises(ValueError, match="bidirectional"):
-        block_algo.corrupt(block_ctx, batch, 0)
-    ctx.services.pop("score_completions")
-    batch.meta.clear()
-    batch.fields.pop("step_rewards", None)
+    with pytest.raises(ValueError, match="bidirectional"):  # the trainer's start-up check
+        block_algo.check_model(block_ctx.adapter)
+    ctx.services.score_completions = None
     with pytest.raises(ValueError, match="score_completions"):
-        algo.corrupt(ctx, batch, 0)
+        corrupt(algo, ctx, batch, 0)
 
 
 def test_block_sampler_steps_leave_later_blocks_unpredicted_so_block_models_are_rejected():
@@ -177,13 +177,12 @@ def test_block_sampler_steps_leave_later_blocks_unpredicted_so_block_models_are_
     assert unpredicted[:, 0, -1].all()  # the first step never predicts the last block
     first_full = (~unpredicted.any(-1)).float().argmax(1)  # first step whose prediction covers the whole answer
     assert (first_full > 0).all() and (t.valid.sum(1) > first_full).all()
-    batch["trajectory"] = {"states": t.states, "x0": t.x0, "confidence": t.confidence, "valid": t.valid}
-    with pytest.raises(ValueError, match="bidirectional"):
-        algo.corrupt(ctx, batch, 0)
+    batch.trajectory = t
+    with pytest.raises(ValueError, match="bidirectional"):  # the trainer's start-up check
+        algo.check_model(ctx.adapter)
 
 
-@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow),
-                                    pytest.param("dream", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", supported_families("mdpo", fast=("llada",)))
 def test_trains_end_to_end(tmp_path, family):
     hist = run_recipe(tmp_path, "mdpo", family)
     assert len(hist) == 2
@@ -231,7 +230,7 @@ def test_icfw_selects_the_prompts_whose_rollout_backslides():
         calls.append(len(examples))
         return _stop_cut_parity(ids, set(stops))
 
-    ctx.services.update({"rollout_sampler": sampler, "score_ids": score_ids})
+    ctx.services.rollout_sampler, ctx.services.score_ids = sampler, score_ids
     from dare.data.prompts import PromptedExample
     from dare.models import tiny_tokenizer
     tok = tiny_tokenizer()

@@ -35,7 +35,7 @@ def _loss(model, algo, batch, step=0):
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     with torch.no_grad():
-        return algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch["views"][0]), 0)[0].item(), batch
+        return algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch.views[0]), 0)[0].item(), batch
 
 
 def test_prompt_never_masked_and_only_masked_answers_are_targets():
@@ -72,11 +72,11 @@ def test_t_one_loss_is_mean_answer_cross_entropy():
     docs = _docs(3, seed=3)
     batch = sft_rows_batch([[d] for d in docs], [0, 1, 2], 1, False)
     loss, batch = _loss(model, algo, batch)
-    assert torch.equal(batch["views"][0][0].targets, batch["answer_mask"])  # everything masked
+    assert torch.equal(batch.views[0][0].targets, batch["answer_mask"])  # everything masked
     ids = batch["input_ids"].clone()
     ids[batch["answer_mask"]] = model.adapter.mask_token_id
     with torch.no_grad():
-        logits = model(ids, layout=batch["views"][0][0].layout).logits
+        logits = model(ids, layout=batch.views[0][0].layout).logits
     ce = F.cross_entropy(logits[batch["answer_mask"]], batch["input_ids"][batch["answer_mask"]])
     assert abs(loss - ce.item()) < 1e-5
 
@@ -87,7 +87,7 @@ def test_llada_recipe_normalises_per_answer_length_with_inverse_t():
     algo = build_algorithm(SFTConfig())
     docs = _docs(3, seed=7)
     loss, batch = _loss(model, algo, sft_rows_batch([[d] for d in docs], [0, 1, 2], 1, False))
-    view = batch["views"][0][0]
+    view = batch.views[0][0]
     with torch.no_grad():
         logp = F.log_softmax(model(view.input_ids, layout=view.layout).logits.float(), -1)
     manual = 0.0

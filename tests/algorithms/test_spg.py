@@ -5,7 +5,7 @@ import torch
 
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.spg import SPGConfig, spg_bounds
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.diffusion.logprob import score_targets
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
@@ -13,7 +13,7 @@ from tests.algorithms.block_checks import (assert_future_blocks_invisible, asser
                                            brute_force_logp, row_blocks)
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -24,7 +24,7 @@ def _setup(family="llada", **cfg):
 
 
 def _prepared(algo, ctx, model, batch):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     return batch
@@ -33,8 +33,8 @@ def _prepared(algo, ctx, model, batch):
 def test_block_random_mask_structure():
     model, algo, ctx = _setup(p_mask_prompt=0.0, num_t=3, min_t=0.25, max_t=0.75)
     batch = rl_batch(n_prompts=4, group=3, gen_len=16, seed=1)
-    P, mask_id, bl = batch["prompt_ids"].shape[1], model.adapter.mask_token_id, 4
-    valid = batch["completion_mask"]
+    P, mask_id, bl = batch.prompt_ids.shape[1], model.adapter.mask_token_id, 4
+    valid = batch.completion_mask
     views = algo.corrupt(ctx, batch, 0)
     for i in range(batch.size):
         L = int(valid[i].sum())
@@ -44,7 +44,7 @@ def test_block_random_mask_structure():
         assert len(set(chosen)) == min(3, n_blocks)  # draws spread over distinct blocks
         for v, b in zip(views, chosen):
             masked = v.input_ids[i, P:] == mask_id
-            assert torch.equal(v.input_ids[i, :P], batch["prompt_ids"][i])  # p_mask_prompt = 0: prompt clean
+            assert torch.equal(v.input_ids[i, :P], batch.prompt_ids[i])  # p_mask_prompt = 0: prompt clean
             assert not masked[:b * bl].any()  # earlier blocks clean
             end = min((b + 1) * bl, L)
             n = end - b * bl
@@ -58,10 +58,10 @@ def test_prompt_and_earlier_blocks_masked_with_p():
     model, algo, ctx = _setup(p_mask_prompt=0.5, num_t=1)
     batch = rl_batch(n_prompts=20, group=2, prompt_lens=(30, 40), gen_len=16, seed=2)
     (v,) = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     pm = v.info["prompt_masked"]
-    assert not pm[~batch["prompt_mask"]].any()
-    frac = pm[batch["prompt_mask"]].float().mean().item()
+    assert not pm[~batch.prompt_mask].any()
+    frac = pm[batch.prompt_mask].float().mean().item()
     assert abs(frac - 0.5) < 0.06
     earlier = [(v.input_ids[i, P:P + 4 * int(v.info["block"][i])] == mask_id) for i in range(batch.size)]
     earlier = torch.cat(earlier)
@@ -71,11 +71,11 @@ def test_prompt_and_earlier_blocks_masked_with_p():
 def test_p_one_masks_all_context_but_leaves_the_chosen_block_partial():
     model, algo, ctx = _setup(p_mask_prompt=1.0, num_t=2, min_t=0.25, max_t=0.25)
     batch = rl_batch(n_prompts=3, group=2, gen_len=16, seed=8)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     for v in algo.corrupt(ctx, batch, 0):
-        assert torch.equal(v.info["prompt_masked"], batch["prompt_mask"])
+        assert torch.equal(v.info["prompt_masked"], batch.prompt_mask)
         for i in range(batch.size):
-            b, L = int(v.info["block"][i]), int(batch["completion_mask"][i].sum())
+            b, L = int(v.info["block"][i]), int(batch.completion_mask[i].sum())
             masked = v.input_ids[i, P:] == mask_id
             end = min(4 * b + 4, L)
             assert masked[:4 * b].all() and masked[end:].all()
@@ -87,9 +87,9 @@ def test_other_forward_types(forward_type):
     model, algo, ctx = _setup(p_mask_prompt=0.0, num_t=1, forward_type=forward_type)
     batch = rl_batch(n_prompts=3, group=2, gen_len=12, seed=3)
     (v,) = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     masked = v.input_ids[:, P:] == mask_id
-    valid = batch["completion_mask"]
+    valid = batch.completion_mask
     assert masked[~valid].all() and (masked & valid).any(-1).all()
     if forward_type == "all":
         assert masked.all()
@@ -143,14 +143,14 @@ def test_mix_is_weighted_eubo_and_elbo():
 def test_routing_by_advantage_sign_and_length_weighting():
     model, algo, ctx = _setup()
     batch = rl_batch(n_prompts=2, group=3, seed=6, rewards=torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.5]))
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
     value = torch.randn(batch.size, 2, requires_grad=True)
     loss, metrics = algo.loss(ctx, batch, LogLik(value), 0)
     loss.backward()
-    adv = batch["advantages"]
+    adv = batch.advantages.values
     assert metrics["positive_frac"] == pytest.approx((adv > 0).float().mean().item())  # A = 0 goes to the bound
-    lens = batch["completion_mask"].sum(-1).float()
+    lens = batch.completion_mask.sum(-1).float()
     coef = -adv * lens / lens.sum()
     pos = adv > 0
     assert torch.allclose(value.grad[:, 0], torch.where(pos, coef, torch.zeros_like(coef)))
@@ -170,7 +170,7 @@ def test_update_learns_and_needs_no_old_or_reference_pass():
     model, algo, ctx = _setup(inner_iterations=4)
     assert not algo.needs_old_logp and not algo.needs_reference
     batch = _prepared(algo, ctx, model, rl_batch(n_prompts=2, group=2, seed=7, rewards=torch.tensor([1.0, 0.0, 0.0, 1.0])))
-    assert "old_logp" not in batch and len(batch["views"]) == 4
+    assert batch.old_logp is None and len(batch.views) == 4
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert math.isfinite(metrics["loss"]) and metrics["positive_frac"] == 0.5
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
@@ -203,14 +203,14 @@ def _block_setup(family="sdar", **cfg):
 def test_block_random_uses_the_model_blocks_over_absolute_positions():
     model, algo, ctx = _block_setup(p_mask_prompt=0.0, num_t=3, min_t=0.25, max_t=0.75)
     batch = rl_batch(n_prompts=4, group=2, prompt_lens=(5, 7), gen_len=14, seed=1)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     W = P + 14
-    valid = batch["completion_mask"]
+    valid = batch.completion_mask
     views = algo.corrupt(ctx, batch, 0)
     for i in range(batch.size):
         L = int(valid[i].sum())
         spans = [(s - P, min(e - P, L)) for s, e in row_blocks(batch, i, 4) if s - P < L]
-        assert spans[0][1] - spans[0][0] < 4 or int(batch["prompt_mask"][i].sum()) % 4 == 0  # shares the prompt block
+        assert spans[0][1] - spans[0][0] < 4 or int(batch.prompt_mask[i].sum()) % 4 == 0  # shares the prompt block
         chosen = [int(v.info["block"][i]) for v in views]
         assert len(set(chosen)) == min(3, len(spans))
         for v, b in zip(views, chosen):
@@ -220,19 +220,19 @@ def test_block_random_uses_the_model_blocks_over_absolute_positions():
             n = end - start
             assert max(int(n * 0.25), 1) <= int(masked[start:end].sum()) <= max(min(int(n * 0.75), n), 1)
             assert torch.equal(v.targets[i, P:], masked & valid[i])
-            assert torch.equal(v.input_ids[i, W + P:], batch["completion_ids"][i])  # the clean copy
+            assert torch.equal(v.input_ids[i, W + P:], batch.completion_ids[i])  # the clean copy
 
 
 def test_block_masked_prompt_fills_both_halves_and_earlier_blocks_only_x_t():
     model, algo, ctx = _block_setup(p_mask_prompt=0.5, num_t=1)
     batch = rl_batch(n_prompts=6, group=2, prompt_lens=(20, 30), gen_len=16, seed=2)
     (v,) = algo.corrupt(ctx, batch, 0)
-    P, mask_id = batch["prompt_ids"].shape[1], model.adapter.mask_token_id
+    P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     W = P + 16
     assert v.info["prompt_masked"].any()
     assert torch.equal(v.input_ids[:, :P], v.input_ids[:, W:W + P])
     assert torch.equal(v.input_ids[:, :P] == mask_id, v.info["prompt_masked"])
-    assert torch.equal(v.input_ids[:, W + P:], batch["completion_ids"])  # clean prefix for every block
+    assert torch.equal(v.input_ids[:, W + P:], batch.completion_ids)  # clean prefix for every block
     earlier = [v.input_ids[i, P:row_blocks(batch, i, 4)[int(v.info["block"][i])][0]] == mask_id for i in range(batch.size)]
     earlier = torch.cat(earlier)
     assert earlier.numel() > 10 and 0.2 < earlier.float().mean().item() < 0.8  # p-masked (and scored) in x_t
@@ -244,10 +244,10 @@ def test_block_bounds_from_per_block_forwards(family):
     batch = rl_batch(n_prompts=2, group=2, gen_len=14, seed=3)
     views = algo.corrupt(ctx, batch, 0)
     assert_matches_brute_force(model, batch, views)
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     logp = torch.stack([brute_force_logp(model, batch, v, 4)[:, P:] for v in views])
     scored = torch.stack([v.targets[:, P:] for v in views])
-    elbo, eubo = spg_bounds(logp, scored, batch["completion_mask"], algo.config.eubo_beta)
+    elbo, eubo = spg_bounds(logp, scored, batch.completion_mask, algo.config.eubo_beta)
     value = algo.log_likelihood(ctx, model, batch, views).value
     assert torch.allclose(value[:, 0], elbo, atol=1e-5)
     assert torch.allclose(value[:, 1], 0.5 * eubo + 0.5 * elbo, atol=1e-5)
@@ -270,7 +270,7 @@ def test_block_terms_ignore_later_blocks():
 def test_block_update_learns_without_old_or_reference_pass():
     model, algo, ctx = _block_setup("llada2", inner_iterations=2, num_t=2)
     batch = _prepared(algo, ctx, model, rl_batch(n_prompts=2, group=2, seed=7, rewards=torch.tensor([1.0, 0.0, 0.0, 1.0])))
-    a, b = (algo.log_likelihood(ctx, model, batch, batch["views"][0]).value for _ in range(2))
+    a, b = (algo.log_likelihood(ctx, model, batch, batch.views[0]).value for _ in range(2))
     assert torch.equal(a, b)  # the stored noise replays exactly (no ratio to check: SPG has none)
     metrics = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert math.isfinite(metrics["loss"]) and metrics["positive_frac"] == 0.5

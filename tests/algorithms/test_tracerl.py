@@ -3,19 +3,21 @@ import math
 import pytest
 import torch
 
-from dare.algorithms.tracerl import INF_STEP, TraceRLConfig, plan_replay, step_groups
+from dare.algorithms.common.replay import INF_STEP, plan_replay, step_groups
+from dare.algorithms.tracerl import TraceRLConfig
 from dare.diffusion.logprob import score_targets
 from dare.trainer import stages
+from tests.algorithms.helpers import corrupt, is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
                                                 train_subprocess)
 
 
 def _prepared(algo, ctx, batch, model=None, micro=100):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     if model is not None:
         stages.prepare(algo, ctx, batch, model, micro_batch_size=micro)
     else:
-        batch["views"] = {0: algo.corrupt(ctx, batch, 0)}
+        batch.views = {0: corrupt(algo, ctx, batch, 0)}
     ctx.norms = algo.normalizers(batch)
     return batch
 
@@ -25,31 +27,31 @@ def _prepared(algo, ctx, batch, model=None, micro=100):
 def test_targets_cover_response_once_and_are_masked_in_their_input(block, shrink):
     model, algo, ctx = setup(TraceRLConfig(shrink=shrink, post_tokens=None), "sdar" if block else "llada")
     batch = replay_batch(block, seed=shrink, gen_len=11)
-    views = algo.corrupt(ctx, batch, 0)
-    P = batch["prompt_ids"].shape[1]
+    views = corrupt(algo, ctx, batch, 0)
+    P = batch.prompt_ids.shape[1]
     mask_id = model.adapter.mask_token_id
-    count = torch.zeros_like(batch["completion_ids"])
+    count = torch.zeros_like(batch.completion_ids)
     for v in views:
         tgt = v.targets[:, P:]
         assert not v.targets[:, :P].any()
         count += tgt.long()
         noisy = v.input_ids[:, P:P + tgt.shape[1]]  # full attention: the input; block: the noisy half
         assert (noisy[tgt] == mask_id).all()
-        assert torch.equal(v.labels[:, P:], batch["completion_ids"])
+        assert torch.equal(v.labels[:, P:], batch.completion_ids)
         if block:  # the clean half is the untouched sequence
             assert torch.equal(v.input_ids[:, v.targets.shape[1]:], v.labels)
-    written = batch["step_map"] >= 0
+    written = batch.step_map >= 0
     assert torch.equal(count, written.long())  # post_tokens=None: every written token, exactly once
 
 
 def test_post_tokens_limit_targets_after_the_first_eos():
     model, algo, ctx = setup(TraceRLConfig(post_tokens=1))
     batch = replay_batch(False, seed=3, gen_len=10)
-    algo.corrupt(ctx, batch, 0)
-    n = batch["completion_mask"].long().sum(1)
-    is_target = batch["replay_round"] >= 0
+    corrupt(algo, ctx, batch, 0)
+    n = batch.completion_mask.long().sum(1)
+    is_target = batch.state.round >= 0
     allowed = torch.arange(10)[None] < (n[:, None] + 1)
-    assert torch.equal(is_target, allowed & (batch["step_map"] >= 0))
+    assert torch.equal(is_target, allowed & (batch.step_map >= 0))
 
 
 @pytest.mark.parametrize("shrink", [1, 2, 3, 5, 8])
@@ -82,11 +84,11 @@ def test_block_groups_collapse_within_each_block_and_never_written_stay_masked()
 def test_block_view_future_noisy_block_does_not_change_earlier_logits():
     model, algo, ctx = setup(TraceRLConfig(shrink=1), "sdar")
     batch = replay_batch(True, seed=1, n_prompts=1, group=2, gen_len=12, prompt_lens=(4,))
-    views = algo.corrupt(ctx, batch, 0)
+    views = corrupt(algo, ctx, batch, 0)
     v = views[0]
     L = v.targets.shape[1]
-    P = batch["prompt_ids"].shape[1]
-    blocks = batch["step_map"].new_tensor((torch.arange(L) // 4).tolist())  # prompt of length 4: blocks from 0
+    P = batch.prompt_ids.shape[1]
+    blocks = batch.step_map.new_tensor((torch.arange(L) // 4).tolist())  # prompt of length 4: blocks from 0
     tgt = v.targets.clone()
     tgt[:, :P] = False
     tgt[:, P:] = True  # score every completion position of this state
@@ -110,18 +112,18 @@ def test_block_view_future_noisy_block_does_not_change_earlier_logits():
 def test_ratio_one_and_loss_is_round_mean_of_advantages():
     model, algo, ctx = setup(TraceRLConfig(inner_iterations=2, beta=0.0))
     batch = replay_batch(False, seed=4, gen_len=8)
-    batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
-    batch["completion_ids"][:, -1] = 1  # every completion ends with EOS: nothing truncated
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    batch.completion_ids[:, -1] = 1  # every completion ends with EOS: nothing truncated
     _prepared(algo, ctx, batch, model, micro=4)
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)
     assert abs(m["ratio_mean"] - 1.0) < 1e-6 and m["clip_frac"] == 0.0
     # rho = 1: each (sample, round) row contributes -A, averaged over all rows
-    rnd = batch["replay_round"]
+    rnd = batch.state.round
     rows = [(i, r) for i in range(6) for r in torch.unique(rnd[i][rnd[i] >= 0]).tolist()]
-    expected = -sum(batch["advantages"][i].item() for i, _ in rows) / len(rows)
+    expected = -sum(batch.advantages.values[i].item() for i, _ in rows) / len(rows)
     assert abs(m["loss"] - expected) < 1e-5
-    z = (batch["rewards"][:3] - batch["rewards"][:3].mean()) / batch["rewards"][:3].std(unbiased=False)
-    assert torch.allclose(batch["advantages"][:3], z)
+    z = (batch.rewards[:3] - batch.rewards[:3].mean()) / batch.rewards[:3].std(unbiased=False)
+    assert torch.allclose(batch.advantages.values[:3], z)
 
 
 @pytest.mark.parametrize("family", ["llada", "sdar"])
@@ -129,14 +131,14 @@ def test_per_view_backward_equals_full_graph_gradient(family):
     block = family == "sdar"
     model, algo, ctx = setup(TraceRLConfig(beta=0.0, advantage="mean"), family)
     batch = replay_batch(block, seed=6, gen_len=9)
-    batch["rewards"] = torch.tensor([1.0, 0.0, 0.5, 0.2, 1.0, 0.0])
+    batch.rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 1.0, 0.0])
     algo.config.truncated_reward = None
     _prepared(algo, ctx, batch)
     model.zero_grad()
     algo.backward(ctx, model, batch, 0)
     per_view = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    current = algo.log_likelihood(ctx, model, batch, batch["views"][0])
+    current = algo.log_likelihood(ctx, model, batch, batch.views[0])
     loss, _ = algo.loss(ctx, batch, current, 0)
     loss.backward()
     for a, p in zip(per_view, model.parameters()):
@@ -147,12 +149,12 @@ def test_per_view_backward_equals_full_graph_gradient(family):
 def test_block_normalisation_divides_by_response_length():
     model, algo, ctx = setup(TraceRLConfig(beta=0.0, truncated_reward=None), "sdar")
     batch = replay_batch(True, seed=2, gen_len=8)
-    batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
     _prepared(algo, ctx, batch)
-    current = algo.log_likelihood(ctx, model, batch, batch["views"][0])
+    current = algo.log_likelihood(ctx, model, batch, batch.views[0])
     loss, _ = algo.loss(ctx, batch, current, 0)
-    tgt = (batch["replay_round"] >= 0).float()
-    expected = -(tgt * batch["advantages"][:, None]).sum() / (8 * ctx.norms["rounds"])
+    tgt = (batch.state.round >= 0).float()
+    expected = -(tgt * batch.advantages.values[:, None]).sum() / (8 * ctx.norms["rounds"])
     assert abs(loss.item() - expected.item()) < 1e-6
 
 
@@ -160,48 +162,46 @@ def test_truncated_completions_get_the_truncated_reward():
     _, algo, ctx = setup(TraceRLConfig())
     batch = replay_batch(False, seed=3, gen_len=8)
     truncated = torch.tensor([True, False, True, False, False, False])
-    batch["completion_ids"][truncated] = 50  # no stop token anywhere
-    batch["completion_mask"][truncated] = True
-    batch["completion_ids"][~truncated, 5:] = 1  # EOS at position 5, then EOS padding
-    batch["completion_mask"][~truncated] = torch.arange(8)[None] <= 5
-    batch["rewards"] = torch.ones(6)
-    algo.advantages(ctx, batch)
-    assert torch.equal(batch["rewards"], (~truncated).float())
+    batch.completion_ids[truncated] = 50  # no stop token anywhere
+    batch.completion_mask[truncated] = True
+    batch.completion_ids[~truncated, 5:] = 1  # EOS at position 5, then EOS padding
+    batch.completion_mask[~truncated] = torch.arange(8)[None] <= 5
+    batch.rewards = torch.ones(6)
+    assert torch.equal(algo.advantage_rewards(ctx, batch), (~truncated).float())  # what the advantages are made of
 
 
 def test_dream_logp_comes_from_the_previous_row():
     model, algo, ctx = setup(TraceRLConfig(), "dream")
     batch = replay_batch(False, seed=7, n_prompts=1, group=2, gen_len=6)
-    v = algo.corrupt(ctx, batch, 0)[1]
+    v = corrupt(algo, ctx, batch, 0)[1]
     logp = algo.log_likelihood(ctx, model, batch, [v]).value
-    P = batch["prompt_ids"].shape[1]
+    P = batch.prompt_ids.shape[1]
     logits = model(v.input_ids, attention_mask=v.attention_mask).logits.float()
     ref = torch.log_softmax(logits, -1)
     tgt = v.targets[:, P:]
     i, k = tgt.nonzero(as_tuple=True)
-    expected = ref[i, P + k - 1, batch["completion_ids"][i, k]]
+    expected = ref[i, P + k - 1, batch.completion_ids[i, k]]
     assert torch.allclose(logp[i, k], expected, atol=1e-5)
-    wrong = ref[i, P + k, batch["completion_ids"][i, k]]
+    wrong = ref[i, P + k, batch.completion_ids[i, k]]
     assert not torch.allclose(logp[i, k], wrong, atol=1e-3)
 
 
 def test_bad_input_errors():
     _, algo, ctx = setup(TraceRLConfig())
     batch = replay_batch(False)
-    del batch.fields["step_map"]
+    batch.step_map = None
     with pytest.raises(ValueError, match="step_map"):
-        algo.corrupt(ctx, batch, 0)
+        corrupt(algo, ctx, batch, 0)
     with pytest.raises(ValueError, match="shrink"):
         TraceRLConfig(shrink=0)
 
 
-FAMILIES = [pytest.param("sdar")] + [
-    pytest.param(f, marks=pytest.mark.slow) for f in ("llada", "llada_moe", "dream", "sdar_moe", "llada2_moe")]
+FAMILIES = supported_families("tracerl", fast=("sdar",))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_trains_end_to_end(tmp_path, family):
-    extra = [] if family in ("sdar", "sdar_moe", "llada2_moe") else [
+    extra = [] if is_block_family(family) else [
         "rollout.sampler={gen_length: 16, block_length: 16, steps: 16, temperature: 1.0}", "algorithm.shrink=4"]
     hist = run_recipe(tmp_path, "tracerl", family, *extra)
     assert len(hist) == 2
@@ -247,7 +247,7 @@ def _rank_views(rank, world, port, out):
     try:
         _, algo, ctx = setup(TraceRLConfig(), "llada")
         batch = replay_batch(False, seed=rank, n_prompts=1, group=2, gen_len=8, steps=3 + 2 * rank)
-        out[rank] = (len(algo.corrupt(ctx, batch, 0)), int(batch["replay_round"].max()) + 1)
+        out[rank] = (len(corrupt(algo, ctx, batch, 0)), int(batch.state.round.max()) + 1)
     finally:
         dist.destroy_process_group()
 

@@ -5,8 +5,11 @@ import pytest
 import torch
 
 from dare.algorithms.tracerl import TraceRLConfig
-from dare.algorithms.value import ValueModel, clipped_value_loss, trace_returns_advantages
+from dare.algorithms.losses import clipped_value_loss
+from dare.algorithms.value import ValueModel, trace_returns_advantages
+from dare.models import LogitsRequest
 from dare.trainer import stages
+from tests.algorithms.helpers import is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
                                                 train_subprocess)
 
@@ -76,9 +79,9 @@ def _prepared(family="sdar", **cfg):
     vm = ValueModel.from_policy(model)
     ctx.companions = {"value": vm}
     batch = replay_batch(family == "sdar", seed=3, gen_len=9)
-    batch["rewards"] = torch.tensor([1.0, 0.0, 0.5, 0.2, 1.0, 0.0])
+    batch.rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 1.0, 0.0])
     stages.prepare(algo, ctx, batch, model, micro_batch_size=4)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
     return model, vm, algo, ctx, batch
 
@@ -88,12 +91,12 @@ def test_zero_initialised_value_model_starts_as_plain_tracerl(family):
     """V = 0 at the start: A_j = r (the plain TraceRL advantage) and the value loss is the weighted 0.5 r^2."""
     model, vm, algo, ctx, batch = _prepared(family, beta=0.0)
     tgt = algo.targets(batch)
-    assert (batch["old_values"] == 0).all()
-    z = algo.advantages(ctx, batch.select(torch.arange(batch.size)))  # recomputed on a copy
+    assert (batch.state.old_values == 0).all()
+    z = algo.advantages(ctx, batch.select(torch.arange(batch.size))).values  # recomputed on a copy
     plain = TraceRLConfig(truncated_reward=None).advantage
     assert plain == "mean_std"
-    zs = (batch["rewards"].view(2, 3) - batch["rewards"].view(2, 3).mean(1, keepdim=True))
-    zs = (zs / batch["rewards"].view(2, 3).std(1, unbiased=False, keepdim=True)).flatten()
+    zs = (batch.rewards.view(2, 3) - batch.rewards.view(2, 3).mean(1, keepdim=True))
+    zs = (zs / batch.rewards.view(2, 3).std(1, unbiased=False, keepdim=True)).flatten()
     assert torch.allclose(z[tgt], zs[:, None].expand_as(z)[tgt], atol=1e-6)
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=4)
     w, _ = algo.token_weights(ctx, batch)
@@ -107,14 +110,14 @@ def test_old_values_are_read_in_each_tokens_own_replay_state():
     model, vm, algo, ctx, batch = _prepared("sdar")
     with torch.no_grad():
         vm.value_head.weight.normal_()
-        algo.score_companions(ctx, batch, 100)
-        P = batch["prompt_ids"].shape[1]
-        for r, view in enumerate(batch["views"][0]):
-            hidden = vm.lm(view.input_ids, layout=view.layout, return_hidden=True, compute_logits=False).hidden_states
-            own = batch["replay_round"] == r
+        batch.state = algo.score_companions(ctx, batch, 100)
+        P = batch.prompt_ids.shape[1]
+        for r, view in enumerate(batch.views[0]):
+            hidden = vm.lm(view.input_ids, layout=view.layout, request=LogitsRequest.hidden_states()).hidden_states
+            own = batch.state.round == r
             expected = (hidden[:, P:P + own.shape[1]] @ vm.value_head.weight[0])
-            assert torch.allclose(batch["old_values"][own], expected[own], atol=1e-5)
-        assert (batch["old_values"] != 0).any()
+            assert torch.allclose(batch.state.old_values[own], expected[own], atol=1e-5)
+        assert (batch.state.old_values != 0).any()
 
 
 @pytest.mark.parametrize("family", ["sdar", "dream"])
@@ -122,19 +125,19 @@ def test_per_view_value_backward_equals_the_full_graph_gradient(family):
     model, vm, algo, ctx, batch = _prepared(family)
     with torch.no_grad():
         vm.value_head.weight.normal_(std=0.1)
-        algo.score_companions(ctx, batch, 100)
-        batch["advantages"] = algo.advantages(ctx, batch)
+        batch.state = algo.score_companions(ctx, batch, 100)
+        batch.advantages = algo.advantages(ctx, batch)
     vm.zero_grad()
     algo.value_backward(ctx, batch, 1.0)
     per_view = [p.grad.clone() if p.grad is not None else None for p in vm.parameters()]
     vm.zero_grad()
     from dare.algorithms.value import view_values
-    values = torch.zeros_like(batch["old_values"])
-    for r, view in enumerate(batch["views"][0]):
-        values = torch.where(batch["replay_round"] == r, view_values(vm, view), values)
+    values = torch.zeros_like(batch.state.old_values)
+    for r, view in enumerate(batch.views[0]):
+        values = torch.where(batch.state.round == r, view_values(vm, view), values)
     w, _ = algo.token_weights(ctx, batch)
     tgt = algo.targets(batch)
-    loss, _ = clipped_value_loss(torch.where(tgt, values, batch["old_values"]), batch["old_values"], batch["value_returns"], 0.2)
+    loss, _ = clipped_value_loss(torch.where(tgt, values, batch.state.old_values), batch.state.old_values, batch.advantages.returns, 0.2)
     (loss * w * tgt).sum().backward()
     for a, p in zip(per_view, vm.parameters()):
         if a is None:
@@ -144,12 +147,11 @@ def test_per_view_value_backward_equals_the_full_graph_gradient(family):
     assert per_view[-1].abs().sum() > 0  # the value head learns
 
 
-FAMILIES = [pytest.param("sdar"), pytest.param("llada")] + [
-    pytest.param(f, marks=pytest.mark.slow) for f in ("llada_moe", "dream", "sdar_moe", "llada2_moe")]
+FAMILIES = supported_families("tracerl", fast=("sdar", "llada"))
 
 
 def _masked_extra(family):
-    return [] if family in ("sdar", "sdar_moe", "llada2_moe") else [
+    return [] if is_block_family(family) else [
         "rollout.sampler={gen_length: 16, block_length: 16, steps: 16, temperature: 1.0}", "algorithm.shrink=4"]
 
 

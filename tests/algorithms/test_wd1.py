@@ -4,14 +4,14 @@ import torch
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.d1 import D1Config
 from dare.algorithms.wd1 import WD1Config, group_softmax
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
                                            brute_force_logp)
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
-from tests.algorithms.test_espo import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
 
 
 def _setup(family="llada", **cfg):
@@ -21,7 +21,7 @@ def _setup(family="llada", **cfg):
 
 
 def _prepared(algo, ctx, model, batch):
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     return batch
@@ -31,8 +31,8 @@ def test_weights_are_per_group_softmaxes_summing_to_one():
     _, algo, ctx = _setup()
     r = torch.tensor([1.0, 0.0, 0.0, 2.0, 0.5, 0.5, 1.0, 0.0, 0.3])
     batch = rl_batch(n_prompts=3, group=3, rewards=r)
-    adv = algo.advantages(ctx, batch)
-    wp, wn = batch["wd1_w_pos"], batch["wd1_w_neg"]
+    out = algo.advantages(ctx, batch)
+    adv, wp, wn = out.values, out.w_pos, out.w_neg
     for g in range(3):
         sel = slice(3 * g, 3 * g + 3)
         assert wp[sel].sum().item() == pytest.approx(1.0) and wn[sel].sum().item() == pytest.approx(1.0)
@@ -55,11 +55,11 @@ def test_gradient_on_sequence_logp_follows_weight_difference():
     model, algo, ctx = _setup()
     batch = rl_batch(n_prompts=2, group=3, seed=1, rewards=torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 2.0]))
     _prepared(algo, ctx, model, batch)
-    value = torch.randn(batch["completion_ids"].shape, requires_grad=True)
+    value = torch.randn(batch.completion_ids.shape, requires_grad=True)
     loss, _ = algo.loss(ctx, batch, LogLik(value), 0)
     loss.backward()
-    m = batch["completion_mask"].float()
-    diff = batch["wd1_w_pos"] - batch["wd1_w_neg"]
+    m = batch.completion_mask.float()
+    diff = batch.advantages.w_pos - batch.advantages.w_neg
     # dL/dS_i = (w-_i - w+_i) / #groups on every scored token; descent raises S_i iff w+_i > w-_i
     assert torch.allclose(value.grad, (-diff / 2)[:, None] * m, atol=1e-7)
     assert torch.equal(torch.sign(-value.grad.sum(-1)), torch.sign(diff))
@@ -72,14 +72,14 @@ def test_learning_raises_best_completion_likelihood(family):
     batch = rl_batch(n_prompts=1, group=3, seed=2, rewards=torch.tensor([1.0, 0.0, 0.0]))
     _prepared(algo, ctx, model, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    views = batch["views"][0]
+    views = batch.views[0]
     before = algo.log_likelihood(ctx, model, batch, views).value.detach()
     for _ in range(3):
         opt.zero_grad()
         stages.update(algo, ctx, model, batch, 0, micro_batch_size=3)
         opt.step()
     after = algo.log_likelihood(ctx, model, batch, views).value.detach()
-    m = batch["completion_mask"].float()
+    m = batch.completion_mask.float()
     gain = ((after - before) * m).sum(-1)
     assert gain[0] > 0 and gain[1] < 0 and gain[2] < 0
 
@@ -105,12 +105,12 @@ def test_block_models_use_d1_block_estimate(family):
     assert_future_blocks_invisible(model, batch, views)
     # S_i = sum of the per-block brute-force terms; the loss weighs it by (w- - w+) / #groups
     _prepared(algo, ctx, model, batch)
-    value = algo.log_likelihood(ctx, model, batch, batch["views"][0]).value
-    P = batch["prompt_ids"].shape[1]
-    m = batch["completion_mask"].float()
+    value = algo.log_likelihood(ctx, model, batch, batch.views[0]).value
+    P = batch.prompt_ids.shape[1]
+    m = batch.completion_mask.float()
     S = (brute_force_logp(model, batch, views[0], 4)[:, P:] * m).sum(-1)
     loss, _ = algo.loss(ctx, batch, LogLik(value), 0)
-    expected = ((batch["wd1_w_neg"] - batch["wd1_w_pos"]) * S).sum() / 2
+    expected = ((batch.advantages.w_neg - batch.advantages.w_pos) * S).sum() / 2
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 

@@ -2,7 +2,7 @@
 import torch
 
 from dare.algorithms import StepContext, build_algorithm
-from dare.algorithms.tracerl import completion_block_ids
+from dare.algorithms.common.replay import completion_block_ids
 from dare.models import tiny, tiny_tokenizer
 from tests.algorithms.helpers import rl_batch
 
@@ -19,7 +19,7 @@ def masked_step_map(batch, steps: int, seed: int = 0, skip_tail: int = 0) -> tor
     """A full-attention step map: each token gets a step in [0, steps) (every step used when possible);
     the last ``skip_tail`` tokens of odd rows are never written (-1)."""
     g = torch.Generator().manual_seed(seed)
-    B, Lc = batch["completion_ids"].shape
+    B, Lc = batch.completion_ids.shape
     out = torch.empty(B, Lc, dtype=torch.long)
     for i in range(B):
         base = torch.arange(Lc) % steps
@@ -52,22 +52,22 @@ def block_step_map(batch, block_size: int, steps_per_block: int, seed: int = 0) 
 def replay_batch(family_block: bool, seed=0, n_prompts=2, group=3, gen_len=10, block_size=4, steps=4, **kw):
     batch = rl_batch(n_prompts=n_prompts, group=group, gen_len=gen_len, seed=seed, **kw)
     if family_block:
-        batch["step_map"] = block_step_map(batch, block_size, steps, seed)
+        batch.step_map = block_step_map(batch, block_size, steps, seed)
     else:
-        batch["step_map"] = masked_step_map(batch, steps, seed)
+        batch.step_map = masked_step_map(batch, steps, seed)
     return batch
 
 
 def rollout_batch(model, sampler, prompts=("abc", "hello there"), n=2, seed=0, rewards=None):
     """(Batch, Rollout) from a real rollout of ``model`` (the fields the trainer builds for RL)."""
-    from dare.algorithms import Batch
+    from dare.algorithms import RLBatch
     from dare.rollout.api import generate
     tok = tiny_tokenizer()
     r = generate(model, [tok.encode(p) for p in prompts], sampler, generator=torch.Generator().manual_seed(seed), n=n)
     B = r.completion_ids.shape[0]
     if rewards is None:
         rewards = torch.arange(B).float() % 3
-    batch = Batch(uid=torch.arange(B), group=r.prompt_index.clone(), prompt_ids=r.prompt_ids.clone(),
+    batch = RLBatch(uid=torch.arange(B), group=r.prompt_index.clone(), prompt_ids=r.prompt_ids.clone(),
                   prompt_mask=r.prompt_mask.bool(), completion_ids=r.completion_ids.clone(),
                   completion_mask=r.completion_mask.bool(), rewards=rewards, step_map=r.step_map.clone())
     return batch, r
@@ -86,7 +86,7 @@ def run_recipe(tmp_path, algo: str, family: str, *overrides, steps: int = 2):
     """``dare train recipes/rl/<algo>.yaml`` through the loop API on a tiny model; returns the metric history."""
     from pathlib import Path
 
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.trainer.loop import Trainer
     _register_toy_reward()
     root = Path(__file__).resolve().parents[2]

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 import pytest
 
 from dare.algorithms import get_algorithm, load_builtin_algorithms, register_algorithm
-from dare.algorithms.base import ALGORITHMS
+from dare.algorithms import ALGORITHMS
 from dare.algorithms.sft import SFT, SFTConfig
 from dare.config import ConfigError
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.rollout import SamplerConfig
 from tests.trainer.helpers import ROOT
 

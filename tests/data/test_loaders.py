@@ -270,7 +270,7 @@ def test_a_huge_field_is_never_echoed_in_full(tmp_path, caplog):
         load_examples(DataConfig(path=str(_write(tmp_path / "huge.csv", ["Puzzle,Solution", f"{huge},3"]))))
     pairs = _write(tmp_path / "pairs.jsonl", [json.dumps({"prompt": ["x" * (1 << 20)], "response": "y"})])
     from dare.trainer.data import load_sft_docs
-    from dare.config.recipe import DataSection
+    from dare.trainer.recipe import DataSection
     from dare.models import tiny_tokenizer
     with pytest.raises(DataError, match="must be a string") as err:
         load_sft_docs(DataSection(pairs=str(pairs)), tiny_tokenizer())

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dare.algorithms import Batch, StepContext, build_algorithm
+from dare.algorithms import Batch, RLBatch, StepContext, build_algorithm
 from dare.algorithms.coupled_grpo import CoupledGRPOConfig
 from dare.algorithms.d1 import D1Config
 from dare.algorithms.dpo import DPOConfig
@@ -57,8 +57,7 @@ class ToyDenoiser(torch.nn.Module):
     def logp(self, key: tuple) -> torch.Tensor:
         return F.log_softmax(self.lm_head(self.hidden(key)), -1)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, *, layout=None, return_hidden=False,
-                compute_logits=True, **_):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, *, layout=None, request=None):
         Le = layout.enc_len
         B, Lc = input_ids.shape[0], input_ids.shape[1] - Le
         h = torch.zeros(B, Le + Lc, self.H)
@@ -120,7 +119,7 @@ def uniform_t_expectation(fn, a: float, b: float, points: int = 48) -> float:
 
 
 def _rl_batch(prompt, y, uid=0):
-    return Batch(uid=torch.tensor([uid]), group=torch.tensor([0]), prompt_ids=torch.tensor([prompt]),
+    return RLBatch(uid=torch.tensor([uid]), group=torch.tensor([0]), prompt_ids=torch.tensor([prompt]),
                  prompt_mask=torch.ones(1, len(prompt), dtype=torch.bool), completion_ids=torch.tensor([y]),
                  completion_mask=torch.ones(1, len(y), dtype=torch.bool), rewards=torch.zeros(1))
 
@@ -316,28 +315,28 @@ def test_old_reference_and_current_policies_score_identical_noise(config):
     model = tiny("diffusion_gemma", tokenizer=tiny_tokenizer(), hidden_size=32, num_layers=1)
     algo = build_algorithm(config)
     ctx = StepContext(step=2, seed=4, adapter=model.adapter)
-    batch = Batch(uid=torch.arange(4), group=torch.tensor([0, 0, 1, 1]), prompt_ids=torch.randint(4, 100, (4, 5)),
+    batch = RLBatch(uid=torch.arange(4), group=torch.tensor([0, 0, 1, 1]), prompt_ids=torch.randint(4, 100, (4, 5)),
                   prompt_mask=torch.ones(4, 5, dtype=torch.bool), completion_ids=torch.randint(4, 100, (4, 8)),
                   completion_mask=torch.ones(4, 8, dtype=torch.bool), rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]))
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
 
     class Ref:
         def scoring(self):
             return stages.frozen(model)
 
     stages.prepare(algo, ctx, batch, model, reference=Ref(), micro_batch_size=2)
-    assert "ref_views" not in batch  # the reference scored the very views the policy scores
+    assert batch.ref_views is None  # the reference scored the very views the policy scores
     again = algo.corrupt(ctx, batch, 0)
-    for a, b in zip(batch["views"][0], again):  # the same key gives the same random tokens
+    for a, b in zip(batch.views[0], again):  # the same key gives the same random tokens
         assert torch.equal(a.input_ids, b.input_ids)
-    Le = batch["views"][0][0].layout.enc_len
-    assert (batch["views"][0][0].input_ids[:, Le:] != batch["completion_ids"]).any()  # random tokens, not a mask id
+    Le = batch.views[0][0].layout.enc_len
+    assert (batch.views[0][0].input_ids[:, Le:] != batch.completion_ids).any()  # random tokens, not a mask id
     with torch.no_grad():  # the reference is the policy here: its log-probs equal the current ones exactly
         for it in range(algo.inner_iterations):
             current = stages.score_iteration(algo, ctx, model, batch, it, 2)
-            assert torch.equal(current, batch["ref_logp"][it])
+            assert torch.equal(current, batch.ref_logp[it])
     if algo.inner_iterations > 1:
-        assert not torch.equal(batch["views"][0][0].input_ids, batch["views"][1][0].input_ids)  # fresh noise per iteration
+        assert not torch.equal(batch.views[0][0].input_ids, batch.views[1][0].input_ids)  # fresh noise per iteration
 
 
 def test_softcapped_chunked_log_prob_matches_dense_and_gradients():

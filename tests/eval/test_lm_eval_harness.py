@@ -19,7 +19,7 @@ from dare.diffusion.noise import derive_seed
 from dare.eval import register_lm_eval
 from dare.eval.likelihood import elbo_loglikelihood
 from dare.eval.lm_eval_tasks import export_benchmark
-from dare.eval.models import load_for_eval
+from dare.models.model_spec import load_model_spec
 from dare.models.tokenizer import tiny_tokenizer
 from dare.rollout import SamplerConfig, generate
 from tests.conftest import FIXTURES
@@ -77,7 +77,7 @@ def test_simple_evaluate_through_the_harness_matches_dare(family, tmp_path, monk
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     register_lm_eval()
-    model, tok = load_for_eval(str(ckpt), dtype="float32", device="cpu")
+    model, tok = load_model_spec(str(ckpt), dtype="float32", device="cpu")
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     _write_tasks(tasks)

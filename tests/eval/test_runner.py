@@ -143,12 +143,12 @@ def test_checkpoint_folders_and_block_size(tmp_path, tiny_tok, one_thread, caplo
     """A saved checkpoint (with its tokenizer) evaluates by path; a block model decodes with its own block size."""
     import logging
 
-    from dare.eval.models import load_for_eval, model_name
-    from dare.models import save_pretrained, tiny
+    from dare.eval.models import model_name
+    from dare.models import load_model_spec, save_pretrained, tiny
 
     ckpt = tmp_path / "my-sdar"
     save_pretrained(tiny("sdar", tokenizer=tiny_tok, seed=2), ckpt, tokenizer=tiny_tok)
-    model, tok = load_for_eval(str(ckpt), device="cpu")
+    model, tok = load_model_spec(str(ckpt), device="cpu")
     assert model.family == "sdar" and tok.mask_token_id == model.adapter.mask_token_id
     assert model_name(str(ckpt)) == "my-sdar" and model_name("tiny:llada2_moe") == "tiny-llada2_moe"
     out = tmp_path / "run"

@@ -6,7 +6,7 @@ import torch
 
 from dare.data import DataConfig, build_prompts, load_examples
 from dare.eval import evaluate
-from dare.eval.models import load_for_eval
+from dare.models.model_spec import load_model_spec
 from dare.eval.speed import speed_summary
 from dare.quickstart.assets import get_checkpoint
 from dare.rollout import SamplerConfig, generate
@@ -16,7 +16,7 @@ from dare.rollout import SamplerConfig, generate
 def sdar_sudoku():
     """The shipped block-diffusion Sudoku checkpoint: trained, so threshold decoding commits several tokens a step
     and rows of one batch take different numbers of forwards."""
-    model, tok = load_for_eval(str(get_checkpoint("lazy-sudoku-sdar-sft").path), device="cpu")
+    model, tok = load_model_spec(str(get_checkpoint("lazy-sudoku-sdar-sft").path), device="cpu")
     cfg = DataConfig(name="sudoku", split="test", limit=6, template="compact")
     prompts = [p.input_ids for p in build_prompts(load_examples(cfg), tok, cfg)]
     return model, tok, prompts

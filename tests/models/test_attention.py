@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dare.models import load_model, masks, tiny
+from dare.models import LogitsRequest, load_model, masks, tiny
 from tests.conftest import FIXTURES
 
 FAMILIES = ["llada", "llada_moe", "dream", "sdar", "sdar_moe", "llada2_moe"]
@@ -126,15 +126,15 @@ def test_gradient_checkpointing_gives_identical_gradients(family):
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
-def test_logits_rows_and_hidden_outputs_agree_with_full_logits():
+def test_kept_rows_and_hidden_outputs_agree_with_full_logits():
     model = load_model(FIXTURES / "dream-tiny", dtype=torch.float32)
     ids = torch.randint(0, 480, (2, 12))
     rows = torch.zeros(2, 12, dtype=torch.bool)
     rows[:, 4:9] = True
     with torch.no_grad():
         full = model(ids).logits
-        part = model(ids, logits_rows=rows).logits
-        hidden = model(ids, return_hidden=True, compute_logits=False).hidden_states
+        part = model(ids, request=LogitsRequest(keep=rows)).logits
+        hidden = model(ids, request=LogitsRequest.hidden_states()).hidden_states
     assert torch.equal(part, full[rows])
     assert torch.allclose(model.lm_head(hidden), full, atol=1e-6)
 

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dare.models import CheckpointError, detect_family, load_model, tiny
+from dare.models import CheckpointError, LogitsRequest, detect_family, load_model, tiny
 from dare.models.canvas import CanvasLayout, completion_layout, encoded_completion_len
 from dare.models.tokenizer import tiny_tokenizer
 from tests.conftest import FIXTURES
@@ -82,7 +82,7 @@ def test_training_forward_scores_each_block_as_transformers_decodes_it():
     E = encoded_completion_len(G, 4)
     layout = completion_layout(torch.ones(1, P, dtype=torch.bool), G, 4, E)
     with torch.no_grad():
-        out = model(torch.cat([prompt, clean[:, :E], noisy], 1), layout=layout, return_hidden=True)
+        out = model(torch.cat([prompt, clean[:, :E], noisy], 1), layout=layout, request=LogitsRequest(hidden=True))
         for b in range(3):
             ctx = torch.cat([prompt, clean[:, :4 * b]], 1)
             ref = hf(input_ids=ctx, decoder_input_ids=noisy[:, 4 * b:4 * b + 4]).logits
@@ -126,7 +126,7 @@ def test_paired_layers_equal_transformers_order_with_and_without_checkpointing()
     for ckpt in (False, True):
         model.gradient_checkpointing_enable(ckpt)
         model.zero_grad()
-        h = model(ids, layout=layout, return_hidden=True, compute_logits=False).hidden_states
+        h = model(ids, layout=layout, request=LogitsRequest.hidden_states()).hidden_states
         (model.logits_of(h).float().log_softmax(-1)[..., 5].sum()).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 20

@@ -1,11 +1,11 @@
 """Fused q/k/v and gate/up projections at inference (``dare.models.fused``) and last-layer row pruning
-(``logits_at``): the same bits as the separate projections and the full forward, whatever happens to the weights."""
+(``LogitsRequest.rows``): the same bits as the separate projections and the full forward, whatever happens to the weights."""
 import copy
 
 import pytest
 import torch
 
-from dare.models import load_model
+from dare.models import LogitsRequest, load_model
 from dare.models.lora import apply_lora, merge_lora
 from dare.trainer.reference import CopyReference
 from tests.conftest import FIXTURES
@@ -128,14 +128,14 @@ def test_save_round_trip_and_reference_copy(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny", "sdar-tiny", "lladamoe-tiny"])
-def test_logits_at_equals_rows_of_the_full_forward(name):
+def test_selected_rows_equal_rows_of_the_full_forward(name):
     model = load_model(FIXTURES / name, dtype=torch.float32, mask_token_id=5)
     x = _ids(model, n=3, L=30)
     with torch.no_grad():
         full = model(x).logits
-        assert torch.equal(model(x, logits_at=slice(10, 18)).logits, full[:, 10:18])
+        assert torch.equal(model(x, request=LogitsRequest(rows=slice(10, 18))).logits, full[:, 10:18])
         per_row = torch.tensor([[0, 5, 7], [3, 4, 29], [1, 1, 2]])
-        got = model(x, logits_at=per_row).logits
+        got = model(x, request=LogitsRequest(rows=per_row)).logits
         # Per-row selection runs the last layer's MLP on 3 rows per sequence; whether a 3-row GEMM rounds like the
         # full one depends on the BLAS kernel: bitwise on the machines this was written on, within 3.4e-6 on an
         # AMD EPYC (measured; the same at the commit that added the test). Hold it to float32 rounding.
@@ -144,34 +144,34 @@ def test_logits_at_equals_rows_of_the_full_forward(name):
         cache = model.new_cache(30)
         model(x, past_key_values=cache, store_kv=True)
         step_full = model(x[:, 8:16], past_key_values=cache, kv_start=8).logits
-        step_part = model(x[:, 8:16], past_key_values=cache, kv_start=8, logits_at=slice(2, 6)).logits
+        step_part = model(x[:, 8:16], past_key_values=cache, kv_start=8, request=LogitsRequest(rows=slice(2, 6))).logits
         assert torch.equal(step_part, step_full[:, 2:6])
-    with pytest.raises(ValueError, match="logits_rows or logits_at"):
-        model(x, logits_at=slice(0, 2), logits_rows=torch.ones_like(x, dtype=torch.bool))
+    with pytest.raises(ValueError, match="keep must be"):  # a mask over every position does not fit a row selection
+        model(x, request=LogitsRequest(rows=slice(0, 2), keep=torch.ones_like(x, dtype=torch.bool)))
 
 
 @pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny", "lladamoe-tiny"])
-def test_logits_keep_packs_the_kept_rows_with_the_bits_of_the_full_forward(name):
+def test_kept_rows_are_packed_with_the_bits_of_the_full_forward(name):
     """Samplers ask for the logits of masked positions only: however few rows are kept (fewer than a CPU GEMM's
     small-row threshold included), each gets exactly the bits it gets among all rows."""
     model = load_model(FIXTURES / name, dtype=torch.float32, mask_token_id=5)
     x = _ids(model, n=3, L=30)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        full = model(x, logits_at=slice(10, 26)).logits
+        full = model(x, request=LogitsRequest(rows=slice(10, 26))).logits
         cache = model.new_cache(30)
         model(x, past_key_values=cache, store_kv=True)
-        step = model(x[:, 8:28], past_key_values=cache, kv_start=8, logits_at=slice(2, 18)).logits
+        step = model(x[:, 8:28], past_key_values=cache, kv_start=8, request=LogitsRequest(rows=slice(2, 18))).logits
         for frac in (0.02, 0.2, 0.6, 1.0):
             keep = torch.rand(3, 16, generator=g) < frac
             keep[1, 3] = True
-            got = model(x, logits_at=slice(10, 26), logits_keep=keep).logits
+            got = model(x, request=LogitsRequest(rows=slice(10, 26), keep=keep)).logits
             assert got.shape == (int(keep.sum()), full.shape[-1])
             assert torch.equal(got, full[keep])
-            got = model(x[:, 8:28], past_key_values=cache, kv_start=8, logits_at=slice(2, 18), logits_keep=keep).logits
+            got = model(x[:, 8:28], past_key_values=cache, kv_start=8, request=LogitsRequest(rows=slice(2, 18), keep=keep)).logits
             assert torch.equal(got, step[keep])
-        with pytest.raises(ValueError, match="logits_keep must be"):
-            model(x, logits_keep=keep)  # 16 rows kept of 30: not the rows the forward returns
+        with pytest.raises(ValueError, match="keep must be"):
+            model(x, request=LogitsRequest(keep=keep))  # 16 rows kept of 30: not the rows the forward returns
 
 
 def test_rms_norm_fast_path_only_at_inference_and_bit_equal():

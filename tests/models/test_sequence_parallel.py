@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dare.models import sequence_parallel as S
-from dare.models import tiny
+from dare.models import LogitsRequest, tiny
 from tests.trainer.helpers import ROOT, run_workers
 
 WORKER = ROOT / "tests" / "models" / "sequence_parallel_worker.py"
@@ -66,5 +66,5 @@ def test_a_forward_refuses_what_it_cannot_shard():
     ids = torch.zeros(1, 8, dtype=torch.long)
     with pytest.raises(ValueError, match="length divisible"):
         model(ids[:, :7], sequence_parallel=sp)
-    with pytest.raises(ValueError, match="no KV cache and no logits_rows"):
-        model(ids, sequence_parallel=sp, logits_at=slice(0, 4))
+    with pytest.raises(ValueError, match="no KV cache and no row selection"):
+        model(ids, sequence_parallel=sp, request=LogitsRequest(rows=slice(0, 4)))

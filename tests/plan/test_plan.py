@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 from dare.plan.gpus import GIB, parse_bytes
 from dare.plan.planner import PlanOptions, plan_recipe
 from dare.plan.validate import measure, measure_here

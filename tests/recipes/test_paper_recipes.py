@@ -15,7 +15,7 @@ import torch
 
 from dare.algorithms import ALGORITHMS, load_builtin_algorithms
 from dare.algorithms.matrix import family_attention
-from dare.config.recipe import TrainRecipe, load_recipe
+from dare.trainer.recipe import TrainRecipe, load_recipe
 from dare.data import DataConfig, load_examples
 from dare.eval.benchmarks import resolve_benchmarks
 from dare.models import tiny, tiny_tokenizer

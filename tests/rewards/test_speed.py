@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dare.config.core import ConfigError
-from dare.config.recipe import RewardSection
+from dare.trainer.recipe import RewardSection
 from dare.rewards import get_reward, score_batch
 from dare.rewards.speed import rollout_info
 
@@ -59,6 +59,6 @@ def test_recipe_terms():
     assert RewardSection(terms={"speed_cosine": 1.0}).spec == {"speed_cosine": 1.0}
     with pytest.raises(ValueError, match="both set"):
         RewardSection(name="math", terms={"speed": 1.0})
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     with pytest.raises((ConfigError, ValueError), match="expected float"):
         load_recipe(None, ["model.path=tiny:sdar", "algorithm.name=dirl", "reward.terms={speed: fast}"])

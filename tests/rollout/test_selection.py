@@ -56,3 +56,18 @@ def test_eligible_positions_get_the_same_bits_and_the_streams_stay_aligned(tempe
         ref_gens = _gens(R)
         _llada_formula(logits, remask, temperature, *filters, gens=ref_gens, forbid=forbid)
         assert all(torch.equal(a, torch.rand(1, generator=x)) for a, x in zip(after, ref_gens))
+
+
+def test_sampler_config_accepts_exactly_the_registered_remasking_strategies():
+    """``SamplerConfig.remasking`` is checked against the registry, so a strategy added with ``register_remasking``
+    is valid in configs (and an unknown name is an error naming the registered ones)."""
+    from dare.rollout import SamplerConfig, register_remasking
+    from dare.rollout.selection import Remasking
+
+    with pytest.raises(ValueError, match="remasking='test_margin_left' is not one of low_confidence"):
+        SamplerConfig(remasking="test_margin_left")
+    register_remasking(Remasking("test_margin_left", "margin"))
+    try:
+        assert SamplerConfig(remasking="test_margin_left").remasking == "test_margin_left"
+    finally:
+        REMASKINGS.pop("test_margin_left")

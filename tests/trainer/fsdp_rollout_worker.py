@@ -6,7 +6,8 @@ import torch.distributed as dist
 
 from dare.models import tiny
 from dare.rollout import SamplerConfig, generate
-from dare.trainer.distributed import close_process_group, gathered_for_inference
+from dare.collectives import gathered_for_inference
+from dare.trainer.distributed import close_process_group
 
 
 def main(gathered: bool) -> None:  # gathered=False reproduces the failure (hang or crash)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dare.config.recipe import load_recipe
+from dare.trainer.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY_SFT = ROOT / "tests/assets/data/toy_sft.jsonl"

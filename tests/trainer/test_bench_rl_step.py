@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dare.diffusion import score_targets
-from dare.models import tiny
+from dare.models import LogitsRequest, tiny
 from tests.scripts import load_script
 
 
@@ -30,7 +30,8 @@ def test_naive_scoring_matches_chunked_scoring(family):
 
 def test_naive_pipeline_logits_equal_and_restores():
     bench = _bench()
-    from dare.algorithms import base, load_builtin_algorithms
+    from dare.algorithms import load_builtin_algorithms
+    from dare.algorithms.common import scoring
     from dare.models.model import DiffusionLM
     load_builtin_algorithms()
     model = tiny("llada", seed=0)
@@ -38,15 +39,15 @@ def test_naive_pipeline_logits_equal_and_restores():
     ids = torch.randint(3, 200, (2, 10))
     keep = torch.tensor([[True, False, False, True], [False, False, True, False]])
     with torch.no_grad():
-        pruned = model(ids, logits_at=slice(4, 8)).logits
-        packed = model(ids, logits_at=slice(4, 8), logits_keep=keep).logits
+        pruned = model(ids, request=LogitsRequest(rows=slice(4, 8))).logits
+        packed = model(ids, request=LogitsRequest(rows=slice(4, 8), keep=keep)).logits
         with bench.naive_pipeline():
-            full = model(ids, logits_at=slice(4, 8)).logits
-            full_packed = model(ids, logits_at=slice(4, 8), logits_keep=keep).logits
-            assert base.score_targets is bench.naive_score_targets  # the likelihood estimator every method shares
+            full = model(ids, request=LogitsRequest(rows=slice(4, 8))).logits
+            full_packed = model(ids, request=LogitsRequest(rows=slice(4, 8), keep=keep)).logits
+            assert scoring.score_targets is bench.naive_score_targets  # the likelihood estimator every method shares
     assert full.shape == pruned.shape and torch.equal(full, pruned)
     assert full_packed.shape == (3, full.shape[-1]) and torch.equal(full_packed, packed)
-    assert DiffusionLM.forward is real_forward and base.score_targets is score_targets
+    assert DiffusionLM.forward is real_forward and scoring.score_targets is score_targets
 
 
 @pytest.mark.slow

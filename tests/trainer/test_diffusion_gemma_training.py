@@ -48,7 +48,7 @@ def test_sft_objective_is_nemo_canvas_ce_plus_encoder_ar_ce(self_condition):
                                      self_conditioning_p=1.0 if self_condition else 0.0))
     ctx = StepContext(step=3, seed=5, adapter=model.adapter)
     views = algo.corrupt(ctx, batch, 0)
-    batch["views"] = {0: views}
+    batch.views = {0: views}
     ctx.norms = algo.normalizers(batch)
     L = batch["input_ids"].shape[1]
     noisy = views[0].input_ids[:, L:]
@@ -133,7 +133,7 @@ def test_fsdp2_two_processes_reproduce_one_process(tmp_path, extra):
 def test_diffusion_gemma_recipes_are_valid():
     """The 26B-A4B recipes (8 GPUs) and their tiny CPU counterparts parse into typed configs."""
     from dare.config import from_dict, load_yaml
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.eval.config import EvalConfig
     from tests.trainer.helpers import ROOT
     folder = ROOT / "recipes/diffusion_gemma"

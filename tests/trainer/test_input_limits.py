@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dare.config.recipe import DataSection
+from dare.trainer.recipe import DataSection
 from dare.data import DataConfig, load_examples
 from dare.data.schema import DataError
 from dare.models import tiny_tokenizer
@@ -130,8 +130,8 @@ def test_dare_train_on_a_60_mb_row_stops_in_one_line_with_bounded_memory(tmp_pat
 def test_a_smaller_tokenizer_with_other_special_ids_is_named_with_the_model(tmp_path, caplog):
     import logging
 
-    from dare.config.recipe import ModelSection
-    from dare.eval.models import load_for_eval
+    from dare.trainer.recipe import ModelSection
+    from dare.models.model_spec import load_model_spec
     from dare.trainer.model_setup import load_policy
     from tests.conftest import FIXTURES
 
@@ -143,10 +143,10 @@ def test_a_smaller_tokenizer_with_other_special_ids_is_named_with_the_model(tmp_
     caplog.clear()
     tiny_tokenizer().save_pretrained(tmp_path / "tok")
     with caplog.at_level(logging.WARNING):
-        load_for_eval(str(model_dir), tokenizer=str(tmp_path / "tok"), device="cpu")
+        load_model_spec(str(model_dir), tokenizer=str(tmp_path / "tok"), device="cpu")
     assert f"the tokenizer {tmp_path / 'tok'} (128 tokens) is smaller than the model {model_dir}" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         load_policy(ModelSection(path="tiny:llada"))  # its own tokenizer: nothing to say
-        load_for_eval("tiny:llada", device="cpu")
+        load_model_spec("tiny:llada", device="cpu")
     assert "smaller than the model" not in caplog.text

@@ -80,7 +80,7 @@ def test_launch_command_for_one_and_several_nodes():
 
 
 def test_several_nodes_need_a_rendezvous_point():
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         load_recipe(ROOT / "recipes/sft_tiny.yaml", ["distributed.nnodes=2"])
     with pytest.raises(ValueError, match="sharding"):

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from dare.algorithms.grpo import group_mean_std
-from dare.config.recipe import load_recipe
+from dare.algorithms.advantages import group_mean_std
+from dare.trainer.recipe import load_recipe
 from dare.rewards import REWARDS, register_reward
 from dare.trainer import stages
 from dare.trainer.loop import Trainer
@@ -37,7 +37,7 @@ def test_d1_loop_golden_invariants(tmp_path, monkeypatch):
     def spy(algo, ctx, model, batch, iteration, micro, *a, **k):
         if iteration == 0:  # bit-identical log-probs of the pre-update policy on the stored noise: ratio exactly 1
             again = stages.score_iteration(algo, ctx, model, batch, 0, micro)
-            assert torch.equal(again, batch["old_logp"][0])
+            assert torch.equal(again, batch.old_logp[0])
         m = real_update(algo, ctx, model, batch, iteration, micro, *a, **k)
         seen.append((ctx.step, iteration, m, batch))
         return m
@@ -49,9 +49,9 @@ def test_d1_loop_golden_invariants(tmp_path, monkeypatch):
     for step, it, m, batch in seen:
         if it == 0:  # first inner step: old policy == current policy on identical (stored) noise
             assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-12) and m["clip_frac"] == 0.0
-        mean, _, _ = group_mean_std(batch["advantages"], batch["group"])
+        mean, _, _ = group_mean_std(batch.advantages.values, batch.group)
         assert mean.abs().max() < 1e-6  # mean baseline: advantages sum to zero in every group
-        assert batch["views"][it][0].input_ids.shape[0] == 32  # 4 prompts x 8 completions
+        assert batch.views[it][0].input_ids.shape[0] == 32  # 4 prompts x 8 completions
     assert seen[0][2]["kl"] == 0.0  # step 0, iteration 0: the policy is the reference
     assert seen[1][2]["kl"] > 0.0 and seen[1][2]["ratio_mean"] != 1.0
 

@@ -143,7 +143,7 @@ def test_periodic_evaluation_during_training(tmp_path):
 
 
 def test_every_top_level_recipe_is_valid():
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from tests.trainer.helpers import ROOT
     recipes = sorted((ROOT / "recipes").glob("*.yaml"))
     assert len(recipes) >= 10

@@ -1,28 +1,16 @@
 """Training methods as plug-ins: one module per method, registered with ``@register_algorithm``.
 
 Every module in this package is imported on first use (``load_builtin_algorithms``), so adding a method is
-adding a file; nothing else needs to list it.
+adding a file; nothing else needs to list it. The hook interface is ``base.Algorithm``; the batch it reads is
+``batch.RLBatch`` (RL) or ``batch.Batch`` (SFT, preference); shared machinery lives in ``common/``, the loss math
+in ``losses``, advantage estimators and aggregation modes in ``advantages``.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from .base import Algorithm, AlgorithmConfig, Companion, Services, StepContext
+from .batch import Advantages, Batch, LogLik, RLBatch, View
+from .registry import ALGORITHMS, build_algorithm, get_algorithm, load_builtin_algorithms, register_algorithm
 
-from .base import (ALGORITHMS, Algorithm, AlgorithmConfig, Batch, Companion, LogLik, StepContext, View,
-                   build_algorithm, get_algorithm, register_algorithm)
-
-_LOADED = False
-
-
-def load_builtin_algorithms() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_") and info.name != "base":
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Batch", "Companion", "LogLik", "StepContext", "View", "build_algorithm",
-           "get_algorithm", "register_algorithm", "load_builtin_algorithms"]
+__all__ = ["ALGORITHMS", "Advantages", "Algorithm", "AlgorithmConfig", "Batch", "Companion", "LogLik", "RLBatch",
+           "Services", "StepContext", "View", "build_algorithm", "get_algorithm", "register_algorithm",
+           "load_builtin_algorithms"]

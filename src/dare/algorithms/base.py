@@ -1,249 +1,70 @@
-"""The algorithm hook interface and registry.
+"""The algorithm hook interface.
 
 The training loop (``dare.trainer.loop``) is one workflow for every method::
 
-    (1) rollout  (2) reward  (3) corruption + old-policy / reference log-probs  (4) advantage  (5) update
+    (1) rollout  (2) reward  (3) prepare: state, corruption, old-policy / reference log-probs  (4) advantage
+    (5) update
 
 SFT and DPO/VRPO take the same path without (1)-(2) (``uses_rollout = False``). The loop never looks at an
-algorithm's name: it calls the hooks below, each with a default, so a method is one file that overrides a few:
+algorithm's name: it calls the hooks below, each with a default, so a method is one file that overrides a few.
+RL hooks read a typed ``RLBatch`` (``dare.algorithms.batch``: every field says its shape and the stage that fills
+it) and *return* what they compute; the loop stores it in the batch. Shapes: B samples, P prompt and Lc completion
+positions, K likelihood slots (usually Lc; 1 for a sequence-level estimate).
 
-* ``corrupt(ctx, batch, iteration) -> list[View]``  -- the noise/mask sampler (forward corruption). It sees the
-  whole batch, including the rollout's ``step_map`` / ``trajectory`` when present, and draws from
+* ``prepare(ctx, batch) -> state | None`` -- per-batch data the method derives once before any corruption (the
+  replay plan of the rollout's step map, MDPO's per-step rewards); stored as ``batch.state`` (a dataclass of
+  per-sample tensors, sliced with the micro-batches).
+* ``corrupt(ctx, batch, iteration) -> list[View]`` -- the noise/mask sampler. It draws from
   ``ctx.generator(iteration, sample_uid, mc_index)`` so that old, reference and current policies score identical
-  inputs and the ``mu`` inner iterations reuse the same noise. The loop calls it once per inner iteration and
-  stores the views in ``batch["views"][iteration]``. ``reference_views`` (default: the same views) lets a method
-  give the reference policy its own noise.
+  inputs and the ``mu`` inner iterations reuse the same noise. The loop calls it once per inner iteration (once in
+  all when ``deterministic_views``: a trajectory replay draws nothing) and stores ``batch.views[iteration]``.
+  ``reference_views`` (default: the same views) lets a method give the reference policy its own noise.
 * ``log_likelihood(ctx, model, batch, views) -> LogLik`` -- the likelihood estimator: combines per-target
-  log-probs of every view (``View.weight`` carries 1/t, complementary-mask weights, ...) into per-slot
-  (token) or per-sequence values. ``mc_samples`` says how many forwards it uses per sample.
-* ``advantages(ctx, batch) -> Tensor | None`` -- the advantage estimator (RL only).
-* ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch. Losses and
-  metrics are *additive*: each micro-batch returns its share of the global value, normalised with the global
-  counts in ``ctx.norms`` (from ``normalizers``, summed over micro-batches and ranks by the loop), so results
-  do not depend on micro-batching or the number of processes.
+  log-probs of every view (``View.weight`` carries 1/t, complementary-mask weights, ...) into ``value [B, K]``.
+  ``mc_samples`` says how many forward rows it uses per sample.
+* ``score_companions(ctx, batch, micro_batch_size) -> state | None`` -- stage (3) for models trained beside the
+  policy (``companions()``; TraceRL's value model): their scores before any update, returned as the new state.
+* ``advantages(ctx, batch) -> Advantages | None`` -- the advantage estimator (RL only): values and the active mask.
+* ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch, a thin adapter
+  over ``dare.algorithms.losses``. Losses and metrics are *additive*: each micro-batch returns its share of the
+  global value, normalised with the global counts in ``ctx.norms`` (from ``normalizers``, summed over
+  micro-batches and ranks by the loop), so results do not depend on micro-batching or the number of processes.
+* ``backward(ctx, model, batch, iteration, loss_scale) -> metrics`` -- the update's autograd for one micro-batch.
+  The default builds one graph (``log_likelihood`` -> ``loss`` -> ``backward``); methods that need one graph per
+  view use ``dare.algorithms.common.scoring.backward_each_view``.
 * ``check_rollout(sampler, adapter)`` / ``collect(stage, ctx, prompts, model)`` -- RL only: a start-up check of the
-  recipe's sampler (JustGRPO needs block length 1), and stages (1)-(2) for a method whose rollout is not G
-  independent completions per prompt (d-TreeRPO's trees; default: the stage's group rollout).
-* ``backward(ctx, model, batch, iteration, loss_scale) -> metrics`` -- runs the update's autograd for one
-  micro-batch. The default builds one graph (``log_likelihood`` -> ``loss`` -> ``backward``); a method that
-  needs more (VRPO's two-pass gradient, BGPO's per-MC-sample backward) overrides it, and the loop does not care.
-* ``companions() -> list[Companion]`` and ``score_companions(ctx, batch, micro_batch_size)`` -- models trained
-  alongside the policy with their own optimizer (TraceRL's value model). The trainer builds, shards, steps and
-  checkpoints them; hooks reach them as ``ctx.companions[name]``; ``score_companions`` runs in stage (3), after the
-  corruption and before any update (e.g. the value model's old values), and ``backward`` adds their losses.
-* ``curates_prompts`` / ``select_prompts(ctx, model, prompts, uids) -> list[int]`` -- data curation (MDPO's ICFW): the
-  RL trainer asks the method which training prompts to use before the first step and again after every pass over
-  the chosen pool (each rank gets a share of the prompts; the model is gathered for decoding).
+  recipe's sampler, and stages (1)-(2) for a method whose rollout is not G independent completions per prompt
+  (d-TreeRPO's trees).
+* ``curates_prompts`` / ``select_prompts(ctx, model, prompts, uids) -> list[int]`` -- data curation (MDPO's ICFW).
 
-Batches are ``Batch`` objects: per-sample tensors with the sample dimension first, sliced consistently into
-micro-batches by ``Batch.select``. Algorithm configs are dataclasses registered with their algorithm; the recipe's
-``algorithm:`` section picks the dataclass from ``algorithm.name`` (so method-specific keys are validated).
+Algorithm configs are dataclasses registered with their algorithm; the recipe's ``algorithm:`` section picks the
+dataclass from ``algorithm.name`` (so method-specific keys are validated).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
 from ..diffusion.corruption import apply_mask
-from ..diffusion.logprob import DEFAULT_CHUNK, score_targets
+from ..diffusion.logprob import DEFAULT_CHUNK
 from ..diffusion.noise import STREAM_CORRUPT, keyed_generator
 from ..diffusion.uniform import uniform_replace
-from ..models.masks import TokenLayout
-
-# ----------------------------------------------------------------------------------------------------------
-# Data containers
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _select(value: Any, idx: torch.Tensor, size: int, key: str):
-    if isinstance(value, torch.Tensor):
-        if value.dim() == 0 or value.shape[0] != size:
-            raise ValueError(f"batch field {key!r} has shape {tuple(value.shape)}; per-sample fields need {size} rows "
-                             f"(put batch-level values in Batch.meta)")
-        return value[idx.to(value.device)]
-    if hasattr(value, "select") and not isinstance(value, (list, dict)):
-        return value.select(idx)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # TokenLayout, rollout Trajectory, ...
-        return dataclasses.replace(value, **{f.name: _select_or_keep(getattr(value, f.name), idx, size)
-                                             for f in dataclasses.fields(value) if f.init})
-    if isinstance(value, dict):
-        return {k: _select(v, idx, size, f"{key}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        if value and all(isinstance(v, View) for v in value):
-            return [v.select(idx) for v in value]
-        if len(value) != size:
-            raise ValueError(f"batch field {key!r} is a list of {len(value)} items, expected one per sample ({size})")
-        return [value[i] for i in idx.tolist()]
-    if value is None:
-        return None
-    raise TypeError(f"batch field {key!r}: cannot slice a {type(value).__name__} per sample")
-
-
-def _select_or_keep(value: Any, idx: torch.Tensor, size: int):
-    """Dataclass fields: per-sample tensors are sliced, anything else (sizes, names) is kept."""
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size:
-        return value[idx.to(value.device)]
-    return value
-
-
-def _to(value: Any, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, View):
-        return value.to(device)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _to(getattr(value, f.name), device)
-                                             for f in dataclasses.fields(value) if f.init})
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    if isinstance(value, list) and value and isinstance(value[0], View):
-        return [v.to(device) for v in value]
-    return value
+from .batch import Advantages, LogLik, RLBatch, View
+from .common.scoring import score_views
+from .registry import ALGORITHMS, get_algorithm
 
 
 @dataclass
-class View:
-    """One corrupted model input (one forward pass) and the positions whose log-probability it scores.
-
-    ``targets``/``labels``/``weight`` are ``[B, L]`` over the scored part of the input (``L`` can be shorter than
-    ``input_ids``: a block-diffusion ``[x_t ; x_0]`` input scores its first half). ``score_index [B, K]`` maps the
-    ``[B, L]`` log-probs to the estimator's K slots (e.g. the completion positions of an RL sample); None keeps
-    the ``[B, L]`` grid. ``info`` holds per-sample extras such as the timestep ``t``.
-    """
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    labels: torch.Tensor
-    weight: Optional[torch.Tensor] = None
-    attention_mask: Optional[torch.Tensor] = None
-    position_ids: Optional[torch.Tensor] = None
-    layout: Any = None
-    score_index: Optional[torch.Tensor] = None
-    info: dict = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        return self.input_ids.shape[0]
-
-    def select(self, idx: torch.Tensor) -> "View":
-        n = self.size
-        kw = {f.name: _select(getattr(self, f.name), idx, n, f"view.{f.name}") for f in dataclasses.fields(self)}
-        return View(**kw)
-
-    def to(self, device) -> "View":
-        return View(**{f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)})
-
-
-def _one_forward(views: list[View]) -> bool:
-    """Whether ``views`` can run as one batch: same shapes, the same optional inputs, token layouts (or none)."""
-    first = views[0]
-    for v in views[1:]:
-        if v.input_ids.shape != first.input_ids.shape or v.targets.shape != first.targets.shape:
-            return False
-        for name in ("attention_mask", "position_ids"):
-            a, b = getattr(v, name), getattr(first, name)
-            if (a is None) != (b is None) or (a is not None and a.shape != b.shape):
-                return False
-        if not ((v.layout is None and first.layout is None)
-                or (isinstance(v.layout, TokenLayout) and isinstance(first.layout, TokenLayout))):
-            return False
-    return True
-
-
-def score_views(model, views: list[View], chunk_size: Optional[int] = DEFAULT_CHUNK,
-                with_entropy: bool = False) -> list[tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """``(logp, entropy)`` [B, L] of each view's targets (``score_targets``), all views in one forward when they
-    have one shape and gradients flow (without gradients, one forward per view: a replay's dozens of views batched
-    would multiply the scoring's activations). Why one forward: a parameter that several forwards of one loss use gets its gradient from
-    autograd only once all of them are differentiated, so each forward's partial gradient waits in autograd's
-    buffer meanwhile; under FSDP2 those are the *unsharded* gradients of every layer at once (LLaDA2.0-mini
-    Coupled-GRPO's three views held 32.5 GiB of them per GPU, ``dare plan``), and FSDP2 reduce-scatters zeros for the
-    earlier forwards. One batched forward also all-gathers each layer once instead of once per view. The forward's
-    values are the same bits; the weight gradients sum over one GEMM instead of several (differences ~1e-7)."""
-    if len(views) < 2 or not torch.is_grad_enabled() or not _one_forward(views):
-        return [score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
-                              position_ids=v.position_ids, layout=v.layout, chunk_size=chunk_size,
-                              with_entropy=with_entropy) for v in views]
-
-    def cat(name):
-        parts = [getattr(v, name) for v in views]
-        return None if parts[0] is None else torch.cat(parts)
-    layout = None if views[0].layout is None else TokenLayout.cat_batch([v.layout for v in views])
-    logp, ent = score_targets(model, cat("input_ids"), cat("targets"), cat("labels"), attention_mask=cat("attention_mask"),
-                              position_ids=cat("position_ids"), layout=layout, chunk_size=chunk_size,
-                              with_entropy=with_entropy)
-    sizes = [v.size for v in views]
-    ents = ent.split(sizes) if ent is not None else [None] * len(views)
-    return list(zip(logp.split(sizes), ents))
-
-
-class Batch:
-    """Per-sample fields of one step (tensors ``[B, ...]``, lists of B items, per-iteration dicts of those).
-
-    ``uid`` (long ``[B]``) is required: the global sample id used to key noise. ``meta`` holds batch-level values
-    that are not sliced.
-    """
-
-    def __init__(self, uid: torch.Tensor, meta: Optional[dict] = None, **fields):
-        self.fields: dict[str, Any] = {"uid": uid.long(), **fields}
-        self.meta: dict[str, Any] = dict(meta or {})
-
-    @property
-    def size(self) -> int:
-        return int(self.fields["uid"].shape[0])
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, key: str):
-        try:
-            return self.fields[key]
-        except KeyError:
-            raise KeyError(f"batch has no field {key!r} (fields: {', '.join(sorted(self.fields))})") from None
-
-    def __setitem__(self, key: str, value) -> None:
-        self.fields[key] = value
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.fields
-
-    def get(self, key: str, default=None):
-        return self.fields.get(key, default)
-
-    def select(self, idx) -> "Batch":
-        idx = torch.as_tensor(idx, dtype=torch.long)
-        n = self.size
-        out = Batch.__new__(Batch)
-        out.fields = {k: _select(v, idx, n, k) for k, v in self.fields.items()}
-        out.meta = dict(self.meta)
-        return out
-
-    def split(self, micro_batch_size: int) -> list["Batch"]:
-        n = self.size
-        return [self.select(torch.arange(s, min(n, s + micro_batch_size))) for s in range(0, n, max(1, micro_batch_size))]
-
-    def to(self, device) -> "Batch":
-        out = Batch.__new__(Batch)
-        out.fields = {k: _to(v, device) for k, v in self.fields.items()}
-        out.meta = dict(self.meta)
-        return out
-
-
-def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate per-micro-batch results (right-padding with zeros when widths differ)."""
-    width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
-    if width is not None:
-        parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
-    return torch.cat(parts, dim=0)
-
-
-@dataclass
-class LogLik:
-    """A likelihood estimate: ``value [B, K]`` (K token slots, or K = 1 for a sequence-level estimate), fp32."""
-    value: torch.Tensor
-    entropy: Optional[torch.Tensor] = None
+class Services:
+    """What the trainer lends the hooks (``ctx.services``); None where this run has no such thing."""
+    tokenizer: Any = None
+    rollout_sampler: Any = None  # the recipe's ``rollout.sampler`` (a ``dare.rollout.SamplerConfig``)
+    # reward of token ids ``[N, G]`` (cut at their first stop token) for data rows ``examples`` -> ``[N]``
+    score_ids: Optional[Callable[[torch.Tensor, list, Any], torch.Tensor]] = None
+    # reward of other completions ``[N, Lc]`` of the batch's samples ``sample_index [N]`` (MDPO's predictions) -> [N]
+    score_completions: Optional[Callable[[RLBatch, torch.Tensor, torch.Tensor], torch.Tensor]] = None
 
 
 @dataclass
@@ -257,7 +78,7 @@ class StepContext:
     world_size: int = 1
     chunk_size: Optional[int] = DEFAULT_CHUNK
     want_entropy: bool = False
-    services: dict = field(default_factory=dict)  # tokenizer, reward scorer, ... for hooks that need them
+    services: Services = field(default_factory=Services)
     companions: dict = field(default_factory=dict)  # name -> model trained alongside the policy (``Companion``)
 
     def generator(self, *key) -> torch.Generator:
@@ -273,13 +94,6 @@ class StepContext:
             return apply_mask(ids, corrupted, self.adapter.mask_token_id)
         gens = [self.generator(*key, int(u), "uniform") for u in (uids.tolist() if torch.is_tensor(uids) else uids)]
         return uniform_replace(ids, corrupted, self.adapter.vocab_size, gens, valid)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Algorithm base class and registry
-# ----------------------------------------------------------------------------------------------------------
-
-ALGORITHMS: dict[str, type["Algorithm"]] = {}
 
 
 @dataclass
@@ -304,9 +118,9 @@ class AlgorithmConfig:
 
     @classmethod
     def resolve_config_type(cls, data: dict) -> type:
-        from . import load_builtin_algorithms
-        load_builtin_algorithms()
         from ..config.core import ConfigError
+        from .registry import load_builtin_algorithms
+        load_builtin_algorithms()
         name = data.get("name")
         if name is None:
             raise ConfigError(f"algorithm.name is required; one of: {', '.join(sorted(ALGORITHMS))}")
@@ -314,34 +128,6 @@ class AlgorithmConfig:
             return get_algorithm(str(name)).config_class
         except ValueError as e:
             raise ConfigError(f"algorithm.name: {e}") from e
-
-
-def register_algorithm(cls: type["Algorithm"]) -> type["Algorithm"]:
-    """Class decorator: make ``cls`` available as ``algorithm.name: <cls.name>`` in recipes."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
-        raise ValueError(f"algorithm {cls.name!r} is registered twice ({ALGORITHMS[cls.name].__name__}, {cls.__name__})")
-    ALGORITHMS[cls.name] = cls
-    return cls
-
-
-def get_algorithm(name: str) -> type["Algorithm"]:
-    from . import load_builtin_algorithms
-    load_builtin_algorithms()
-    if name not in ALGORITHMS:
-        import difflib
-        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown algorithm {name!r}.{hint} Registered: {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[name]
-
-
-def build_algorithm(config: AlgorithmConfig) -> "Algorithm":
-    cls = get_algorithm(config.name)
-    if not isinstance(config, cls.config_class):
-        raise TypeError(f"algorithm {config.name!r} needs a {cls.config_class.__name__}, got {type(config).__name__}")
-    return cls(config)
 
 
 class Algorithm:
@@ -360,7 +146,10 @@ class Algorithm:
     undefined: ClassVar[dict[str, str]] = {}
     # RL methods: the authors' optimizer / rollout / per-task settings (``dare.algorithms.paper``), used by
     # ``dare compare`` to give each method its own paper's relative settings. None for methods without rollouts.
-    paper: ClassVar[Optional["PaperSettings"]] = None
+    paper: ClassVar[Optional["PaperSettings"]] = None  # noqa: F821 (dare.algorithms.paper)
+    # The corruption draws nothing (a replay of the rollout's trace): every inner iteration scores the views of the
+    # first, which the prepare stage then scores once.
+    deterministic_views: ClassVar[bool] = False
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
@@ -378,7 +167,7 @@ class Algorithm:
         """A clear error when the recipe's ``rollout.sampler`` cannot produce what the method trains on (the loop calls
         it at start-up, after ``check_model``; RL methods only). Default: any sampler."""
 
-    def collect(self, stage, ctx: "StepContext", prompts: "Batch", model) -> tuple["Batch", dict]:
+    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         """Stages (1) rollout and (2) reward: the RL batch and its metrics. Default: ``group_size`` independent
         completions per prompt (``dare.trainer.rl.RolloutStage.collect``); a method with another rollout shape
         (d-TreeRPO's trees) builds its batch here with the stage's sampler, seeds and reward scorer."""
@@ -407,23 +196,38 @@ class Algorithm:
 
     @property
     def mc_samples(self) -> int:
-        """Forward passes the likelihood estimator uses per sample (documentation and cost accounting)."""
+        """Forward rows the likelihood estimator uses per sample (documentation and cost accounting)."""
         return 1
 
-    def normalizers(self, batch: Batch) -> dict[str, float]:
-        """Local counts the loss divides by; the loop sums them over ranks into ``ctx.norms``."""
+    def normalizers(self, batch) -> dict[str, float]:
+        """Local counts the loss divides by (``{"tokens": ..., "seqs": ...}``: floats of this rank's batch, after the
+        advantages); the loop sums them over micro-batches and ranks into ``ctx.norms``."""
         return {"samples": float(batch.size)}
 
     # --- hooks ----------------------------------------------------------------------------------------
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+    def prepare(self, ctx: StepContext, batch):
+        """Per-batch state derived once before any corruption (stage 3), stored as ``batch.state``.
+
+        Args: ``batch`` the whole step's batch on this rank (``RLBatch`` for RL). Returns a dataclass whose tensors are
+        per sample (first dimension B, sliced with the micro-batches; other fields are kept), or None (the batch's
+        state, e.g. a ``collect``'s, is kept)."""
+        return None
+
+    def corrupt(self, ctx: StepContext, batch, iteration: int) -> list[View]:
+        """The forward inputs of inner iteration ``iteration``: one ``View`` per forward, each ``input_ids [B, L]``
+        with ``targets`` / ``labels`` / ``weight`` ``[B, L']`` and ``score_index [B, K]`` into the estimator's K slots.
+        Draws come from ``ctx.generator(iteration, uid, ...)`` (or ``ctx.corrupt``), never from global RNGs."""
         raise NotImplementedError(f"{type(self).__name__} must implement corrupt()")
 
-    def reference_views(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+    def reference_views(self, ctx: StepContext, batch, iteration: int) -> list[View]:
         """The views the reference policy scores. Default: the policy's own (shared, antithetic noise)."""
-        return batch["views"][iteration]
+        return batch.views[iteration]
 
-    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
-        """Default estimator: ``sum_v weight_v * logp_v`` over the views, mapped to slots by ``score_index``."""
+    def log_likelihood(self, ctx: StepContext, model, batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        """Default estimator: ``sum_v weight_v * logp_v`` over the views, mapped to slots by ``score_index``.
+
+        Returns ``value [B, K]`` (K = the slots of ``score_index``, else the views' ``[B, L]`` grid) and, with
+        ``with_entropy``, the mean entropy of the same slots over the views."""
         total = ent_total = None
         for v, (logp, ent) in zip(views, score_views(model, views, ctx.chunk_size, with_entropy)):
             w = v.weight if v.weight is not None else v.targets.float()
@@ -436,15 +240,19 @@ class Algorithm:
                 ent_total = ent / len(views) if ent_total is None else ent_total + ent / len(views)
         return LogLik(total, ent_total)
 
-    def advantages(self, ctx: StepContext, batch: Batch) -> Optional[torch.Tensor]:
+    def advantages(self, ctx: StepContext, batch) -> Optional[Advantages]:
+        """Stage (4), on the whole step's batch: ``Advantages(values [B] / [B, S] / [B, Lc], active [B])`` (a subclass
+        carries more, e.g. wd1's group weights); None for methods without advantages (SFT, DPO)."""
         return None
 
     def companions(self) -> list[Companion]:
         """Models trained alongside the policy (see ``Companion``); none by default."""
         return []
 
-    def score_companions(self, ctx: StepContext, batch: Batch, micro_batch_size: int) -> None:
-        """Stage (3) for the companions: score the batch's views before any update (no-op by default)."""
+    def score_companions(self, ctx: StepContext, batch, micro_batch_size: int):
+        """Stage (3) for the companions: their scores of the batch's views before any update, returned as the new
+        ``batch.state`` (None: nothing to score, the state is kept)."""
+        return None
 
     @property
     def curates_prompts(self) -> bool:
@@ -456,13 +264,15 @@ class Algorithm:
         on until the next curation. Runs with the model gathered for decoding (``dare.rollout.generate``)."""
         raise NotImplementedError(f"{type(self).__name__} curates prompts but does not implement select_prompts()")
 
-    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+    def loss(self, ctx: StepContext, batch, current: LogLik, iteration: int):
+        """``(loss, metrics)`` of one micro-batch: ``current.value [B, K]`` from ``log_likelihood`` of the same
+        micro-batch's views; the loss is a 0-dim tensor (its share of the step's loss, normalised by ``ctx.norms``),
+        metrics a dict of floats (additive shares too)."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")
 
-    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+    def backward(self, ctx: StepContext, model, batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
         """One micro-batch of the update. ``loss_scale`` undoes the data-parallel gradient averaging."""
-        views = batch["views"][iteration]
-        current = self.log_likelihood(ctx, model, batch, views, with_entropy=ctx.want_entropy)
+        current = self.log_likelihood(ctx, model, batch, batch.views[iteration], with_entropy=ctx.want_entropy)
         loss, metrics = self.loss(ctx, batch, current, iteration)
         (loss * loss_scale).backward()
         out = {"loss": float(loss.detach())}

@@ -28,10 +28,14 @@ from typing import ClassVar, Optional
 
 import torch
 
-from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .espo import elbo_view, sequence_loglik, stratified_masks, view_sequence_logp
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clip_ratio_loss, kl_penalty
+from .base import StepContext
+from .batch import LogLik, RLBatch, View
+from .common.elbo import elbo_view, sequence_loglik, stratified_masks, view_sequence_logp
+from .common.scoring import backward_each_view
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
+from .losses import clip_ratio_loss, kl_penalty
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch inf * 0 would be NaN in backward)
 
@@ -63,20 +67,33 @@ def bgpo_bound(delta: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
     return adv * bgpo_ratio(delta, adv).mean(-1)
 
 
+def bgpo_loss(l: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, active: torch.Tensor, *, num_mc: int,
+              seqs: float, clip_low: float, clip_high: Optional[float] = None, dual_clip: Optional[float] = None,
+              ref: Optional[torch.Tensor] = None, beta: float = 0.0, kl_estimator: str = "k3") -> tuple[torch.Tensor, dict]:
+    """The loss share of the MC columns of ``l [B, k]`` (length-normalised ELBO terms; the full loss sums all
+    ``num_mc`` columns): the clipped BGPO ratio of each column against ``old [B, k]`` with ``advantages [B]``, plus
+    ``beta`` KL to ``ref [B, k]``, mean over the ``active [B]`` sequences (``seqs``, global) and the MC samples."""
+    ratio = bgpo_ratio(l - old, advantages)
+    terms, clipped = clip_ratio_loss(ratio, advantages, clip_low, clip_high, dual_clip)
+    denom = num_mc * max(seqs, 1.0)
+    metrics = {"ratio_mean": float((ratio.detach() * active[:, None]).sum()) / denom,
+               "clip_frac": float((clipped.float() * active[:, None]).sum()) / denom,
+               "elbo_per_token": float((l.detach() * active[:, None]).sum()) / denom}
+    if ref is not None:
+        kl = kl_penalty(l, ref, kl_estimator)
+        terms = terms + beta * kl
+        metrics["kl"] = float((kl.detach() * active[:, None]).sum()) / denom
+    return (terms * active[:, None]).sum() / denom, metrics
+
+
 @register_algorithm
 class BGPO(GRPOAlgorithm):
     """Per-MC-sample length-normalised ELBO; linear (A >= 0) / Jensen (A < 0) lower bound of the ELBO ratio."""
     name = "bgpo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
-        source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)",
-        embedded_lr_factor=0.5,
-        embedded_note="at the unified ratio (Coupled-GRPO's lr, 1e-4 on the tiny LLaDA, full fine-tuning, mu 1, no KL) "
-                      "seeds 0 and 1 gained (0.516, 0.551) but seed 2 collapsed: training reward 0.58 by step 13, then "
-                      "~0.1 after step 22 with gradient norms up to 10, held-out 0.410 -> 0.040; at 5e-5 (factor 0.5) "
-                      "the same seeds stayed stable (max gradient norm 1.5) and gained 0.566, 0.584, 0.601 (200 "
-                      "held-out puzzles, docs/comparison.md). With no published settings, the unified ratio is DARE's "
-                      "choice, not the authors'.")
+        published_code=False,
+        source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = BGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
@@ -84,8 +101,7 @@ class BGPO(GRPOAlgorithm):
     def mc_samples(self) -> int:
         return self.config.num_mc
 
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx.adapter)
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         n = self.config.num_mc
         masked, counts = stratified_masks(ctx, batch, iteration, n, low=1)
         B, Lc = masked.shape[1:]
@@ -93,48 +109,32 @@ class BGPO(GRPOAlgorithm):
         return [elbo_view(ctx, batch, masked[j], (1.0 / counts[j].clamp_min(1).float())[:, None].expand(B, Lc), j,
                           {"count": counts[j], "noise_key": (iteration, j)}) for j in range(n)]
 
-    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+    def log_likelihood(self, ctx: StepContext, model, batch: RLBatch, views: list[View], *, with_entropy: bool = False) -> LogLik:
         """Per-MC-sample length-normalised ELBO terms ``[B, num_mc]``."""
         return sequence_loglik(ctx, model, views, self.config.num_mc)
 
-    def _mc_loss(self, ctx: StepContext, batch: Batch, l: torch.Tensor, old: torch.Tensor, ref: Optional[torch.Tensor]):
-        """Share of the loss of the MC columns in ``l [B, k]`` (the full loss sums all num_mc columns)."""
+    def _mc_loss(self, ctx: StepContext, batch: RLBatch, l: torch.Tensor, old: torch.Tensor, ref: Optional[torch.Tensor]):
         cfg = self.config
-        adv = batch["advantages"].to(l.device).float()
-        active = batch["active"].float().to(l.device)
-        ratio = bgpo_ratio(l - old, adv)
-        terms, clipped = clip_ratio_loss(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-        denom = cfg.num_mc * max(ctx.norms["seqs"], 1.0)
-        metrics = {"ratio_mean": float((ratio.detach() * active[:, None]).sum()) / denom,
-                   "clip_frac": float((clipped.float() * active[:, None]).sum()) / denom,
-                   "elbo_per_token": float((l.detach() * active[:, None]).sum()) / denom}
-        if ref is not None:
-            kl = kl_penalty(l, ref, cfg.kl_estimator)
-            terms = terms + cfg.beta * kl
-            metrics["kl"] = float((kl.detach() * active[:, None]).sum()) / denom
-        return (terms * active[:, None]).sum() / denom, metrics
+        return bgpo_loss(l, old, batch.advantages.values.to(l.device).float(), batch.active.float().to(l.device),
+                         num_mc=cfg.num_mc, seqs=ctx.norms["seqs"], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                         dual_clip=cfg.dual_clip, ref=ref, beta=cfg.beta, kl_estimator=cfg.kl_estimator)
 
-    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+    def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int):
         old, ref = self.old_and_ref(batch, current, iteration)
         return self._mc_loss(ctx, batch, current.value, old, ref)
 
-    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict:
+    def backward(self, ctx: StepContext, model, batch: RLBatch, iteration: int, loss_scale: float = 1.0) -> dict:
         if not self.config.per_sample_backward:
             return super().backward(ctx, model, batch, iteration, loss_scale)
-        old_all = batch["old_logp"][iteration] if self.needs_old_logp else None
+        old_all = batch.old_logp[iteration] if self.needs_old_logp else None
         ref_all = None
         if self.config.beta > 0:
-            ref_all = old_all if self.config.kl_target == "old" else batch["ref_logp"][iteration]
-        totals = {"loss": 0.0}
-        for v in batch["views"][iteration]:
+            ref_all = old_all if self.config.kl_target == "old" else batch.ref_logp[iteration]
+
+        def sample_loss(_, v):  # one MC sample's graph at a time
             j = int(v.info["slot"][0])
             l = view_sequence_logp(ctx, model, v)[:, None]
             old = old_all[:, j:j + 1] if old_all is not None else l.detach()
             ref = ref_all[:, j:j + 1] if ref_all is not None else None
-            loss, metrics = self._mc_loss(ctx, batch, l, old, ref)
-            if loss.requires_grad:
-                (loss * loss_scale).backward()  # frees this MC sample's graph before the next forward
-            totals["loss"] += float(loss.detach())
-            for k, x in metrics.items():
-                totals[k] = totals.get(k, 0.0) + x
-        return totals
+            return self._mc_loss(ctx, batch, l, old, ref)
+        return backward_each_view(batch.views[iteration], sample_loss, loss_scale, skip_constant=True)

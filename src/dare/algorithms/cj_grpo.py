@@ -5,7 +5,7 @@ step s (tokens written at steps < s revealed) and ``U_s`` the tokens written at 
 ``logp^(s)_k = log pi(x^(s+1)_k | x^(s))`` for k in U_s -- no random masks, no 1/t. Masked models run one forward
 per step (``cj_grpo_trainer_eoser_ass.py: reversed_process / _get_per_token_logps``); block models replay every
 block's local step j in one ``[x_t ; x_0]`` forward (as DARE's block-parallel replay), which gives the same
-conditionals because later blocks are invisible under block-causal attention (see ``tracerl.py``).
+conditionals because later blocks are invisible under block-causal attention (see ``common/replay.py``).
 
 Loss: ``L = (1/S) sum_s [ sum_{batch, k in U_s} (clipped surrogate + beta KL3) / |U_s| ]`` -- a token mean per step,
 then the mean over the S steps; ``A = r - mean`` (no std). Like the reference, U_s holds *every* token written at
@@ -30,10 +30,12 @@ from typing import ClassVar, Optional
 
 import torch
 
-from .base import Batch, StepContext, register_algorithm
+from .base import StepContext
+from .batch import RLBatch
+from .common.replay import ReplayAlgorithm, ReplayConfig
 from .grpo import AdvantageMode
-from .tracerl import ReplayAlgorithm, ReplayConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -58,6 +60,7 @@ class CJGRPO(ReplayAlgorithm):
     name = "cj_grpo"
     paper = PaperSettings(
         lr=3e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
+        published_code=True,
         sampler={"schedule": "ass", "eoser": True},
         source="yjyddq/EOSER-ASS-RL cj-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, temperature, use_peft, lora_r, "
                "lora_alpha); cj-grpo/slurm_scripts/sudoku_run.sh (NUM_ITER=8, --decoding eoser-ass)",
@@ -65,22 +68,22 @@ class CJGRPO(ReplayAlgorithm):
     config_class = CJGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
-    def normalizers(self, batch: Batch) -> dict[str, float]:
+    def normalizers(self, batch: RLBatch) -> dict[str, float]:
         out = super().normalizers(batch)
         tgt = self.targets(batch)
-        trans = batch["replay_transition"]
+        trans = batch.state.transition
         # One count per transition index, for every index any rank has (the key set must match across ranks).
-        n = int(batch.meta.get("replay_transitions", 0))
+        n = int(batch.state.transitions)
         counts = torch.bincount(trans[tgt].flatten().cpu(), minlength=n) if n else torch.zeros(0)
         out.update({transition_key(j): float(counts[j]) for j in range(n)})
         return out
 
-    def token_weights(self, ctx: StepContext, batch: Batch):
+    def token_weights(self, ctx: StepContext, batch: RLBatch):
         tgt = self.targets(batch)
-        n = int(batch.meta.get("replay_transitions", 0))
+        n = int(batch.state.transitions)
         counts = torch.tensor([ctx.norms.get(transition_key(j), 0.0) for j in range(n)], dtype=torch.float32)
         steps = max(int((counts > 0).sum()), 1)  # S: transitions with at least one token in the whole batch
-        trans = batch["replay_transition"].clamp_min(0).cpu()
+        trans = batch.state.transition.clamp_min(0).cpu()
         per_tok = counts.clamp_min(1.0)[trans] if n else torch.ones(trans.shape)
         w = tgt.float() / (steps * per_tok.to(tgt.device))
         return w, w

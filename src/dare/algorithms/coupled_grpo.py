@@ -32,10 +32,12 @@ from typing import ClassVar, Literal
 
 import torch
 
-from .base import Batch, StepContext, View, register_algorithm
-from .d1 import completion_view
+from .base import StepContext
+from .batch import RLBatch, View
+from .common.views import completion_view
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -63,15 +65,15 @@ class CoupledGRPOConfig(GRPOConfig):
                              f"got t_min={self.t_min}, t_max={self.t_max}")
 
 
-def coupled_masks(ctx: StepContext, batch: Batch, iteration: int, t_min: float, t_max: float,
+def coupled_masks(ctx: StepContext, batch: RLBatch, iteration: int, t_min: float, t_max: float,
                   t_sharing: str = "sample"):
     """(v1 mask bool ``[B, Lc]``, t ``[B]``): v1 = ``R < t``; its complement is v2. R is keyed per (iteration, uid);
     t per (iteration, uid) or, with ``t_sharing="group"``, per (iteration, group)."""
-    comp = batch["completion_ids"]
+    comp = batch.completion_ids
     B, Lc = comp.shape
     v1 = torch.zeros(B, Lc, dtype=torch.bool)
     t = torch.zeros(B)
-    for i, (uid, group) in enumerate(zip(batch["uid"].tolist(), batch["group"].tolist())):
+    for i, (uid, group) in enumerate(zip(batch.uid.tolist(), batch.group.tolist())):
         g = ctx.generator(iteration, uid, 0)
         t_gen = ctx.generator(iteration, group, 1) if t_sharing == "group" else g
         t[i] = t_min + (t_max - t_min) * torch.rand((), generator=t_gen, dtype=torch.float64).item()
@@ -85,6 +87,7 @@ class CoupledGRPO(GRPOAlgorithm):
     name = "coupled_grpo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=0.2, temperature=1.0,
+        published_code=True,
         source="apple/ml-diffucoder recipes/config_coupled_code.yaml (learning_rate, max_grad_norm, generation_temperature; num_iterations 2 and beta 0.01 are the config defaults); no Sudoku script")
     config_class = CoupledGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
@@ -93,10 +96,9 @@ class CoupledGRPO(GRPOAlgorithm):
     def mc_samples(self) -> int:
         return 3 if self.config.full_mask_view else 2
 
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx.adapter)
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         cfg = self.config
-        comp, scored, uid = batch["completion_ids"], batch["completion_mask"].bool(), batch["uid"]
+        comp, scored, uid = batch.completion_ids, batch.completion_mask.bool(), batch.uid
         v1, t = coupled_masks(ctx, batch, iteration, cfg.t_min, cfg.t_max, cfg.t_sharing)
         v2 = ~v1
         info = {"t": t, "v1": v1}

@@ -23,14 +23,14 @@ ranks) rather than per micro-batch, so the loss does not depend on how the batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
-import torch
-
-from .base import Batch, StepContext, View, register_algorithm
-from .grpo import GRPOAlgorithm, GRPOConfig, rl_view
-from .views import prompt_completion_view
+from .base import StepContext
+from .batch import RLBatch, View
+from .common.views import one_step_view
+from .grpo import GRPOAlgorithm, GRPOConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -49,62 +49,17 @@ class D1Config(GRPOConfig):
             raise ValueError(f"p_mask_prompt must be in [0, 1], got {self.p_mask_prompt}")
 
 
-def prompt_masks(ctx: StepContext, batch: Batch, iteration: int, p: float) -> torch.Tensor:
-    """Bool ``[B, P]``: real prompt tokens masked i.i.d. with probability p, keyed per (iteration, sample).
-
-    Draws cover the real (unpadded) tokens only, so a sample's mask does not depend on how much left padding its
-    batch needs.
-    """
-    pmask = batch["prompt_mask"].bool().cpu()
-    out = torch.zeros_like(pmask)
-    for i, uid in enumerate(batch["uid"].tolist()):
-        n = int(pmask[i].sum())
-        if n and p > 0:
-            out[i, pmask[i]] = torch.rand(n, generator=ctx.generator(iteration, uid, 0)) < p
-    return out.to(batch["prompt_ids"].device)
-
-
-def completion_view(ctx: StepContext, batch: Batch, completion_input: torch.Tensor, targets: torch.Tensor,
-                    prompt_input: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None,
-                    info: Optional[dict] = None) -> View:
-    """An RL view of the completion ``x_t`` for either attention kind (d1, wd1, Coupled-GRPO, SPG).
-
-    Masked-diffusion models: one ``[prompt ; x_t]`` input (``rl_view``). Block-diffusion models: the one-pass
-    ``[prompt ; x_t ; prompt ; y]`` layout, so the scored tokens of noisy block b see x_t's block b and the clean
-    blocks before it -- the block NELBO's conditional ``p(. | y_t^b, y^{<b}, x)``. A perturbed ``prompt_input`` is
-    the condition of every block, so it fills both halves (in the noisy half alone it would reach only the block
-    holding the prompt's tail).
-    """
-    if ctx.adapter.is_encoder_decoder:  # [prompt ; clean blocks ; canvas]: canvas block b sees the clean blocks < b
-        return prompt_completion_view(batch["prompt_ids"] if prompt_input is None else prompt_input, batch["prompt_mask"],
-                                      batch["completion_ids"], completion_input, targets, weight=weight,
-                                      canvas_length=ctx.adapter.block_size, info=info)
-    if not ctx.adapter.is_block_causal:
-        return rl_view(ctx, batch, completion_input, targets, prompt_input=prompt_input, weight=weight, info=info)
-    prompt = batch["prompt_ids"] if prompt_input is None else prompt_input
-    return prompt_completion_view(prompt, batch["prompt_mask"], batch["completion_ids"], completion_input, targets,
-                                  weight=weight, block_layout=True, info=info)
-
-
 @register_algorithm
 class D1(GRPOAlgorithm):
     """One-step mean-field estimate: the whole completion masked (prompt masked with p), logp per token, no 1/t."""
     name = "d1"
     paper = PaperSettings(
         lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="dllm-reasoning/d1 diffu-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft), diffu_grpo_config.py (temperature 0.9); sudoku_base.sbatch (NUM_ITER=8, --temperature 0.3)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 8}}})
     config_class = D1Config
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx.adapter)
-        uid = batch["uid"]
-        masked_prompt = prompt_masks(ctx, batch, iteration, self.config.p_mask_prompt)
-        noisy_prompt = ctx.corrupt(batch["prompt_ids"], masked_prompt, uid, iteration, "prompt", valid=batch["prompt_mask"])
-        comp = batch["completion_ids"]
-        all_masked = ctx.corrupt(comp, torch.ones_like(comp, dtype=torch.bool), uid, iteration, "completion")
-        # Logits only where the loss reads them: completion positions up to the first EOS.
-        view = completion_view(ctx, batch, all_masked, batch["completion_mask"].bool(), prompt_input=noisy_prompt,
-                               info={"prompt_masked": masked_prompt})
-        return [view]
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
+        return [one_step_view(ctx, batch, iteration, self.config.p_mask_prompt)]

@@ -23,10 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
-from .base import Batch, StepContext, register_algorithm
+from .base import StepContext
+from .batch import RLBatch
+from .common.replay import ReplayAlgorithm, ReplayConfig
 from .grpo import AdvantageMode
-from .tracerl import ReplayAlgorithm, ReplayConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -48,10 +50,11 @@ class DiRL(ReplayAlgorithm):
     name = "dirl"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
+        published_code=True,
         source="OpenMOSS/DiRL configs/rl.yaml (learning_rate, max_grad_norm, temperature); no Sudoku script")
     config_class = DiRLConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal",)
 
-    def token_weights(self, ctx: StepContext, batch: Batch):
+    def token_weights(self, ctx: StepContext, batch: RLBatch):
         w = self.targets(batch).float() / max(ctx.norms.get("targets", 0.0), 1.0)
         return w, w

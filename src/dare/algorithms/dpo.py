@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 
 from ..diffusion.noise import sample_time, stratified_times
-from .base import Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View, register_algorithm
-from .views import layout_kwargs, prompt_completion_view
+from .base import Algorithm, AlgorithmConfig, StepContext
+from .batch import Batch, LogLik, View
+from .common.views import layout_kwargs, prompt_completion_view
+from .losses import dpo_loss
+from .registry import register_algorithm
 
 RESPONSES = ("chosen", "rejected")
 
@@ -133,7 +135,7 @@ class DPO(Algorithm):
     def reference_views(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
         # Antithetic: the reference scores exactly the policy's corrupted inputs; otherwise its own noise.
         if self.config.antithetic:
-            return batch["views"][iteration]
+            return batch.views[iteration]
         return self._views(ctx, batch, iteration, ("reference",))
 
     def view_value(self, ctx: StepContext, model, view: View) -> torch.Tensor:
@@ -153,22 +155,17 @@ class DPO(Algorithm):
         return {"pairs": float(batch["pair_weight"].sum()), "samples": float(batch.size)}
 
     def margin(self, batch: Batch, policy: torch.Tensor, iteration: int) -> torch.Tensor:
-        ref = batch["ref_logp"][iteration].to(policy.device)
+        ref = batch.ref_logp[iteration].to(policy.device)
         return self.config.beta * ((policy[:, 0] - ref[:, 0]) - (policy[:, 1] - ref[:, 1]))
 
     def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
         s = self.margin(batch, current.value, iteration)
-        w = batch["pair_weight"].to(s.device).float()
-        pairs = max(ctx.norms["pairs"], 1.0)
-        loss = (-F.logsigmoid(s) * w).sum() / pairs
-        metrics = {"pref_accuracy": float(((s.detach() > 0).float() * w).sum()) / pairs,
-                   "reward_margin": float((s.detach() / self.config.beta * w).sum()) / pairs}
-        return loss, metrics
+        return dpo_loss(s, batch["pair_weight"].to(s.device).float(), pairs=ctx.norms["pairs"], beta=self.config.beta)
 
     def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict:
         if not self.config.two_pass:
             return super().backward(ctx, model, batch, iteration, loss_scale)
-        views = batch["views"][iteration]
+        views = batch.views[iteration]
         with torch.no_grad():  # pass 1: the margin s without any graph
             current = self.log_likelihood(ctx, model, batch, views)
         loss, metrics = self.loss(ctx, batch, current, iteration)

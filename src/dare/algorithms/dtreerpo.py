@@ -34,15 +34,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 
-from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .d1 import completion_view
-from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig, group_mean_std
+from .advantages import group_mean_std
+from .base import StepContext
+from .batch import Advantages, LogLik, RLBatch, View, batch_field
+from .common.views import completion_view, with_attention_blocks
+from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig
 from .paper import PaperSettings
-from .views import with_attention_blocks
+from .registry import register_algorithm
 
 
 @dataclass
@@ -154,10 +156,33 @@ def distillation_targets(tokens: torch.Tensor, targets: torch.Tensor, advantages
 # ----------------------------------------------------------------------------------------------------------
 
 
-def segments_batch(tree, rewards: torch.Tensor, prompt_uids: torch.Tensor, mask_id: int) -> Batch:
-    """One row per non-root node of ``tree``: the prompt, the node's state (``completion_ids``), its parent's
-    (``parent_ids``, all masked for level-0 nodes), both step maps, the segment's targets, the node's value
-    (``rewards``) and local advantage.
+@dataclass
+class TreeState:
+    """d-TreeRPO's ``batch.state``, one row per non-root tree node: its parent's state ``parent_ids [B, Lc]`` (all
+    masked for level-0 nodes) and step map, the tokens the node committed in its segment ``segment_targets [B, Lc]``,
+    its local advantage ``tree_advantages [B]`` and ``tree_level [B]``; the sampler's ``block_length``."""
+    parent_ids: torch.Tensor
+    parent_step_map: torch.Tensor
+    segment_targets: torch.Tensor
+    tree_advantages: torch.Tensor
+    tree_level: torch.Tensor
+    block_length: Optional[int] = None
+
+
+@dataclass
+class TreeAdvantages(Advantages):
+    """The tree's local advantages with the self-distillation targets: per token ``sd_weight`` / ``sd_log_q``
+    ``[B, L]`` (None without self-distillation), the step's (group, position) pairs and lambda(t)."""
+    sd_weight: Optional[torch.Tensor] = None
+    sd_log_q: Optional[torch.Tensor] = None
+    sd_pairs: float = batch_field(0.0)
+    sd_lambda: float = batch_field(0.0)
+
+
+def segments_batch(tree, rewards: torch.Tensor, prompt_uids: torch.Tensor, mask_id: int, block_length=None) -> RLBatch:
+    """One row per non-root node of ``tree``: the prompt, the node's state (``completion_ids``), its step map and
+    value (``rewards``), and its ``TreeState`` (the parent's state and step map, the segment's targets, the node's
+    local advantage).
 
     Ids are global: with S = nodes per tree + 1, node j of prompt u (level order) has ``uid = u S + 1 + j`` and the
     tree's root ``u S``; ``group`` = the parent's uid, so siblings share a group on every rank and in every chunk."""
@@ -188,27 +213,33 @@ def segments_batch(tree, rewards: torch.Tensor, prompt_uids: torch.Tensor, mask_
                             ("uid", uid), ("group", group), ("level", torch.full_like(rows, k))):
             parts[name].append(value.to(dev))
     cat = {k: torch.cat(v) for k, v in parts.items()}
-    return Batch(uid=cat["uid"], group=cat["group"], prompt_ids=cat["prompt_ids"], prompt_mask=cat["prompt_mask"],
-                 completion_ids=cat["ids"], completion_mask=cat["mask"], step_map=cat["steps"],
-                 parent_ids=cat["parent_ids"], parent_step_map=cat["parent_steps"],
-                 segment_targets=segment_targets(cat["steps"], cat["parent_steps"], cat["mask"]),
-                 rewards=torch.cat(values).float(), tree_advantages=torch.cat(adv), tree_level=cat["level"])
+    state = TreeState(cat["parent_ids"], cat["parent_steps"], segment_targets(cat["steps"], cat["parent_steps"], cat["mask"]),
+                      torch.cat(adv), cat["level"], block_length)
+    return RLBatch(uid=cat["uid"].long(), group=cat["group"], prompt_ids=cat["prompt_ids"], prompt_mask=cat["prompt_mask"],
+                   completion_ids=cat["ids"], completion_mask=cat["mask"], step_map=cat["steps"],
+                   rewards=torch.cat(values).float(), state=state)
 
 
-def concat_batches(parts: list[Batch], pad_id: int) -> Batch:
+def _left_pad(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+
+def concat_batches(parts: list[RLBatch], pad_id: int) -> RLBatch:
     """Row-wise concatenation of segment batches (prompts re-padded on the left to a common width)."""
     if len(parts) == 1:
         return parts[0]
-    P = max(b["prompt_ids"].shape[1] for b in parts)
-    fields = {}
-    for key in parts[0].fields:
-        vals = [b[key] for b in parts]
-        if key in ("prompt_ids", "prompt_mask"):
-            fill = pad_id if key == "prompt_ids" else False
-            vals = [torch.nn.functional.pad(v, (P - v.shape[1], 0), value=fill) for v in vals]
-        fields[key] = torch.cat(vals)
-    uid = fields.pop("uid")
-    return Batch(uid, meta=dict(parts[0].meta), **fields)
+    P = max(b.prompt_ids.shape[1] for b in parts)
+
+    def cat(get):
+        return torch.cat([get(b) for b in parts])
+    state = TreeState(*(cat(lambda b, f=f: getattr(b.state, f)) for f in
+                        ("parent_ids", "parent_step_map", "segment_targets", "tree_advantages", "tree_level")),
+                      block_length=parts[0].state.block_length)
+    return RLBatch(uid=cat(lambda b: b.uid), group=cat(lambda b: b.group),
+                   prompt_ids=cat(lambda b: _left_pad(b.prompt_ids, P, pad_id)),
+                   prompt_mask=cat(lambda b: _left_pad(b.prompt_mask, P, False)),
+                   completion_ids=cat(lambda b: b.completion_ids), completion_mask=cat(lambda b: b.completion_mask),
+                   step_map=cat(lambda b: b.step_map), rewards=cat(lambda b: b.rewards), state=state)
 
 
 @register_algorithm
@@ -223,16 +254,9 @@ class DTreeRPO(GRPOAlgorithm):
                            "so a partial canvas is no node state to branch from"}
     paper = PaperSettings(
         lr=3e-5, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft, lora_r 128, lora_alpha 64; the "
-               "same file for every task script), diffu_grpo_config.py (temperature 0.9)",
-        embedded_lr_factor=0.5,
-        embedded_note="at the unscaled ratio (3e-3 with LoRA r 128) the tiny LLaDA learned but the tiny SDAR did not: "
-                      "seeds 0 and 2 each had one update step with KL to the reference ~1 (0.99, 1.11; every other "
-                      "step <= 0.05) and a gradient-norm spike (0.13, 0.42), and seed 2 then stopped its greedy answers "
-                      "after `<` in 102 of 200 (held-out 0.803 / 0.845 / 0.368 from 0.791); at 1.5e-3 (factor 0.5) the "
-                      "same SDAR seeds stayed within KL 0.063 and gained (0.870 / 0.858 / 0.855), and the LLaDA seeds "
-                      "gained about as at the full ratio (0.544 / 0.567 / 0.598 against 0.550 / 0.591 / 0.599 from "
-                      "0.410; 200 held-out puzzles, docs/comparison.md).")
+               "same file for every task script), diffu_grpo_config.py (temperature 0.9)")
 
     def check_rollout(self, sampler, adapter) -> None:
         for key, bad in (("record_trajectory", sampler.record_trajectory), ("rcr", sampler.rcr),
@@ -251,9 +275,9 @@ class DTreeRPO(GRPOAlgorithm):
         return cuts
 
     # --- (1) rollout, (2) reward -------------------------------------------------------------------------
-    def collect(self, stage, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
+    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
+        from ..collectives import gathered_for_inference
         from ..rollout import generate_tree
-        from ..trainer.distributed import gathered_for_inference
         rc = stage.recipe.rollout
         sampler, seeds, n = rc.sampler, stage.prompt_seeds(ctx, prompts), prompts.size
         chunk = rc.micro_batch_size or n  # prompts per tree call
@@ -270,60 +294,58 @@ class DTreeRPO(GRPOAlgorithm):
             rewards = stage.score(leaves.texts(stage.tokenizer),
                                   [part["examples"][int(i)] for i in leaves.prompt_index.cpu()])
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
-            parts.append(segments_batch(tree, rewards, part["uid"], model.adapter.mask_token_id))
+            parts.append(segments_batch(tree, rewards, part["uid"], model.adapter.mask_token_id, sampler.block_length))
             leaf_rewards.append(rewards)
             leaf_masks.append(leaves.completion_mask.cpu())
             nfe += tree.nfe
         pad = model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id
         batch = concat_batches(parts, pad)
-        batch.meta.update({"stop_token_ids": leaves.stop_token_ids, "nfe": nfe, "block_length": sampler.block_length})
+        batch.stop_token_ids, batch.nfe = leaves.stop_token_ids, nfe
         metrics = stage.metrics(torch.cat(leaf_rewards), torch.cat(leaf_masks), nfe, t_roll, t_rew)
         metrics["segments"] = stage.env.all_reduce_sums({"segments": float(batch.size)})["segments"]
         return batch, metrics
 
     # --- (3) corruption ----------------------------------------------------------------------------------
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        """The parent's state as input, the segment's committed tokens as targets (deterministic: one list for every
-        inner iteration)."""
-        self.check_model(ctx.adapter)
-        if "tree_views" not in batch.meta:
-            view = completion_view(ctx, batch, batch["parent_ids"], batch["segment_targets"].bool())
-            block = batch.meta.get("block_length", ctx.adapter.block_size)
-            if ctx.adapter.is_block_causal and block != ctx.adapter.block_size:  # score the sampler's attention
-                view = with_attention_blocks(view, block)
-            batch.meta["tree_views"] = [view]
-        return batch.meta["tree_views"]
+    deterministic_views = True  # the parent's state is the input: nothing is drawn
+
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
+        """The parent's state as input, the segment's committed tokens as targets."""
+        tree = batch.state
+        view = completion_view(ctx, batch, tree.parent_ids, tree.segment_targets.bool())
+        block = tree.block_length if tree.block_length is not None else ctx.adapter.block_size
+        if ctx.adapter.is_block_causal and block != ctx.adapter.block_size:  # score the sampler's attention
+            view = with_attention_blocks(view, block)
+        return [view]
 
     # --- (4) advantages ----------------------------------------------------------------------------------
-    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
-        adv = batch["tree_advantages"].float()
-        batch["active"] = torch.ones(batch.size, device=adv.device)
+    def advantages(self, ctx: StepContext, batch: RLBatch) -> TreeAdvantages:
+        tree = batch.state
+        adv = tree.tree_advantages.float()
+        active = torch.ones(batch.size, device=adv.device)
         cfg = self.config
-        if cfg.self_distillation:
-            lam, tau = sd_schedule(ctx.step, cfg)
-            w, log_q, pairs = distillation_targets(batch["completion_ids"], batch["segment_targets"], adv,
-                                                   batch["group"], tau)
-            batch["sd_weight"], batch["sd_log_q"] = w, log_q
-            batch.meta["sd_pairs"], batch.meta["sd_lambda"] = float(pairs), lam
-        return adv
+        if not cfg.self_distillation:
+            return TreeAdvantages(adv, active)
+        lam, tau = sd_schedule(ctx.step, cfg)
+        w, log_q, pairs = distillation_targets(batch.completion_ids, tree.segment_targets, adv, batch.group, tau)
+        return TreeAdvantages(adv, active, w, log_q, float(pairs), lam)
 
     # --- (5) loss ----------------------------------------------------------------------------------------
-    def loss_mask(self, batch: Batch) -> torch.Tensor:
-        return batch["segment_targets"].float() * batch["active"].float()[:, None]
+    def loss_mask(self, batch: RLBatch) -> torch.Tensor:
+        return batch.state.segment_targets.float() * batch.active.float()[:, None]
 
-    def normalizers(self, batch: Batch) -> dict[str, float]:
+    def normalizers(self, batch: RLBatch) -> dict[str, float]:
         out = super().normalizers(batch)
         if self.config.self_distillation:
-            out["sd_pairs"] = batch.meta.get("sd_pairs", 0.0)
+            out["sd_pairs"] = batch.advantages.sd_pairs
         return out
 
-    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+    def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int):
         loss, metrics = super().loss(ctx, batch, current, iteration)
-        if self.config.self_distillation and "sd_weight" in batch:
-            lam = batch.meta.get("sd_lambda", 0.0)
+        adv = batch.advantages
+        if self.config.self_distillation and adv.sd_weight is not None:
             pairs = max(ctx.norms.get("sd_pairs", 0.0), 1.0)
-            w = batch["sd_weight"].to(current.value.device)
-            kl = (w * (batch["sd_log_q"].to(w.device) - current.value)).sum() / pairs
-            loss = loss + lam * kl
+            w = adv.sd_weight.to(current.value.device)
+            kl = (w * (adv.sd_log_q.to(w.device) - current.value)).sum() / pairs
+            loss = loss + adv.sd_lambda * kl
             metrics["sd_kl"] = float(kl.detach())
         return loss, metrics

@@ -26,10 +26,13 @@ from typing import ClassVar, Literal
 
 import torch
 
-from .base import Batch, StepContext, View, register_algorithm
-from .espo import SequenceRatioAlgorithm, elbo_view, random_subset
+from .base import StepContext
+from .batch import RLBatch, View
+from .common.blocks import completion_blocks
+from .common.elbo import SequenceRatioAlgorithm, elbo_view, random_subset
 from .grpo import AdvantageMode, GRPOConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -48,27 +51,19 @@ class EBPOConfig(GRPOConfig):
             raise ValueError(f"num_mc must be >= 1, got {self.num_mc}")
 
 
-def completion_blocks(prompt_len: int, length: int, block_size: int) -> list[torch.Tensor]:
-    """Completion indices ``0..length-1`` grouped by absolute block ``(prompt_len + k) // block_size``."""
-    if length == 0:
-        return []
-    ids = (prompt_len + torch.arange(length)) // block_size
-    return [torch.nonzero(ids == b).flatten() for b in torch.unique(ids)]
-
-
-def ebpo_masks(ctx: StepContext, batch: Batch, iteration: int, n: int):
+def ebpo_masks(ctx: StepContext, batch: RLBatch, iteration: int, n: int):
     """(masked ``[N, B, Lc]``, weight ``[N, B, Lc]`` = n_b/(m N) on masked tokens, t ``[N, B]``)."""
     bs = ctx.adapter.block_size
     offset = not ctx.adapter.is_encoder_decoder  # canvases start at the completion; attention blocks at position 0
     if not bs:
         raise ValueError("ebpo needs the model's block size (model.adapter.block_size)")
-    valid = batch["completion_mask"].bool().cpu()
-    prompt_len = batch["prompt_mask"].bool().sum(-1).cpu()
+    valid = batch.completion_mask.bool().cpu()
+    prompt_len = batch.prompt_mask.bool().sum(-1).cpu()
     B, Lc = valid.shape
     masked = torch.zeros(n, B, Lc, dtype=torch.bool)
     weight = torch.zeros(n, B, Lc)
     t = torch.zeros(n, B)
-    for i, uid in enumerate(batch["uid"].tolist()):
+    for i, uid in enumerate(batch.uid.tolist()):
         blocks = completion_blocks(int(prompt_len[i]) * offset, int(valid[i].sum()), bs)
         u = float(torch.rand((), generator=ctx.generator(iteration, uid, "ebpo_t"), dtype=torch.float64))
         for k in range(n):
@@ -80,7 +75,7 @@ def ebpo_masks(ctx: StepContext, batch: Batch, iteration: int, n: int):
                 chosen = random_subset(pos, m, g)
                 masked[k, i, chosen] = True
                 weight[k, i, chosen] = nb / (m * n)
-    dev = batch["completion_ids"].device
+    dev = batch.completion_ids.device
     return masked.to(dev), weight.to(dev), t.to(dev)
 
 
@@ -90,6 +85,7 @@ class EBPO(SequenceRatioAlgorithm):
     name = "ebpo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
+        published_code=False,
         source="no published training code (LLaDA2.1; dFactory ships SFT only): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = EBPOConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal", "encoder_decoder")
@@ -98,8 +94,7 @@ class EBPO(SequenceRatioAlgorithm):
     def mc_samples(self) -> int:
         return self.config.num_mc
 
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx.adapter)
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         masked, weight, t = ebpo_masks(ctx, batch, iteration, self.config.num_mc)
         return [elbo_view(ctx, batch, masked[k], weight[k], 0, {"t": t[k], "noise_key": (iteration, k)})
                 for k in range(self.config.num_mc)]

@@ -37,13 +37,17 @@ from typing import ClassVar, Optional
 
 import torch
 
+from ..collectives import agree_max
 from ..diffusion.logprob import score_targets
-from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .grpo import (AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig, aggregation_weights, clipped_surrogate,
-                   kl_penalty)
+from .advantages import aggregation_weights, group_zscore_unbiased
+from .base import StepContext
+from .batch import Advantages, LogLik, RLBatch, View
+from .common.scoring import backward_each_view
+from .common.views import prompt_completion_view, with_attention_blocks
+from .grpo import AdvantageMode, Aggregation, GRPOAlgorithm, GRPOConfig
+from .losses import clipped_surrogate, kl_penalty
 from .paper import PaperSettings
-from .tracerl import agree_max
-from .views import prompt_completion_view, with_attention_blocks
+from .registry import register_algorithm
 
 log = logging.getLogger(__name__)
 
@@ -77,25 +81,31 @@ def ar_sampler(sampler):
     return dataclasses.replace(sampler, block_length=1, steps=sampler.gen_length, steps_per_block=None)
 
 
-def ar_targets(batch: Batch, post_tokens: Optional[int]) -> torch.Tensor:
+@dataclass
+class ARState:
+    """``targets [B, Lc]``: the completion slots whose AR conditional is scored (JustGRPO's ``batch.state``)."""
+    targets: torch.Tensor
+
+
+def ar_targets(batch: RLBatch, post_tokens: Optional[int]) -> torch.Tensor:
     """Bool ``[B, Lc]``: completion positions whose AR conditional is scored (the completion mask, plus up to
     ``post_tokens`` later positions the sampler wrote; ``step_map`` -1 marks positions it never decoded)."""
-    cm = batch["completion_mask"].bool()
-    written = (batch["step_map"] >= 0).to(cm.device) if "step_map" in batch else torch.ones_like(cm)
+    cm = batch.completion_mask.bool()
+    written = (batch.step_map >= 0).to(cm.device) if batch.step_map is not None else torch.ones_like(cm)
     if post_tokens is not None:
         end = cm.long().sum(1, keepdim=True) + post_tokens
         written = written & (torch.arange(cm.shape[1], device=cm.device)[None] < end)
     return cm | written
 
 
-def ar_state_views(batch: Batch, targets: torch.Tensor, mask_id: int, tokens_per_forward: int) -> list[View]:
+def ar_state_views(batch: RLBatch, targets: torch.Tensor, mask_id: int, tokens_per_forward: int) -> list[View]:
     """Bidirectional models: one state per target (sample i, slot t) -- ``[prompt ; y_<t ; MASK * (Lc - t)]`` --
     stacked ``tokens_per_forward // (P + Lc)`` states per forward (each state a row; padding is only the prompts'
     left padding, which attention and positions ignore). ``info["sample"]`` / ``info["slot"]`` say which
     completion slot each row scores."""
-    comp = batch["completion_ids"]
+    comp = batch.completion_ids
     Lc = comp.shape[1]
-    width = batch["prompt_ids"].shape[1] + Lc
+    width = batch.prompt_ids.shape[1] + Lc
     sample, slot = targets.nonzero(as_tuple=True)
     per = max(1, tokens_per_forward // width)
     cols = torch.arange(Lc, device=comp.device)[None]
@@ -103,15 +113,15 @@ def ar_state_views(batch: Batch, targets: torch.Tensor, mask_id: int, tokens_per
     for s in range(0, sample.numel(), per):
         i, t = sample[s:s + per], slot[s:s + per]
         state = torch.where(cols >= t[:, None], torch.full_like(comp[i], mask_id), comp[i])
-        views.append(prompt_completion_view(batch["prompt_ids"][i], batch["prompt_mask"][i], comp[i], state,
+        views.append(prompt_completion_view(batch.prompt_ids[i], batch.prompt_mask[i], comp[i], state,
                                             cols == t[:, None], info={"sample": i, "slot": t}))
     return views
 
 
-def ar_block_view(batch: Batch, targets: torch.Tensor, mask_id: int) -> View:
+def ar_block_view(batch: RLBatch, targets: torch.Tensor, mask_id: int) -> View:
     """Block-causal models: every AR conditional in one ``[x_t ; x_0]`` forward with block size 1 (x_t all masked)."""
-    comp = batch["completion_ids"]
-    view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, torch.full_like(comp, mask_id),
+    comp = batch.completion_ids
+    view = prompt_completion_view(batch.prompt_ids, batch.prompt_mask, comp, torch.full_like(comp, mask_id),
                                   targets, block_layout=True)
     return with_attention_blocks(view, 1)  # the sampler's attention at block length 1
 
@@ -128,13 +138,9 @@ class JustGRPO(GRPOAlgorithm):
                            "entropy bound, not one token per step left to right, so rollout and scored policy differ"}
     paper = PaperSettings(
         lr=5e-6, grad_clip=1.0, temperature=1.0,
+        published_code=True,
         source="LeapLabTHU/JustGRPO train.py (learning_rate 5e-6, max_grad_norm 1.0, num_generations 8 x repeat_times 2), "
-               "grpo.py (sample(temperature=1.), block_length=1)",
-        embedded_lr_factor=0.2,
-        embedded_note="at its paper ratio (5x Coupled-GRPO's lr: 5e-4 on the tiny LLaDA, full fine-tuning, no KL) the "
-                      "training reward fell from 0.33 to about 0.05 right after the warm-up, with gradient norms up to 9, "
-                      "and held-out reward collapsed 0.410 -> 0.055 (seed 0, 200 puzzles, docs/comparison.md); at factor 0.2 (1e-4, "
-                      "Coupled-GRPO's lr) it rose 0.410 -> 0.509.")
+               "grpo.py (sample(temperature=1.), block_length=1)")
 
     def check_rollout(self, sampler, adapter) -> None:
         for key, bad in (("cfg_scale", sampler.cfg_scale > 0), ("rcr", sampler.rcr),
@@ -148,48 +154,44 @@ class JustGRPO(GRPOAlgorithm):
             log.info("justgrpo decodes left to right: rollout.sampler.block_length=%d is replaced by 1",
                      sampler.block_length)
 
-    def collect(self, stage, ctx: StepContext, prompts: Batch, model) -> tuple[Batch, dict]:
+    deterministic_views = True  # the clean view names the scored slots; the AR states are built from it
+
+    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         """The group rollout of the recipe's sampler in AR order (block length 1, one token per step)."""
-        batch, metrics = stage.collect(ctx, prompts, model, sampler=ar_sampler(stage.recipe.rollout.sampler))
-        batch.meta["temperature"] = stage.recipe.rollout.sampler.temperature
-        return batch, metrics
+        return stage.collect(ctx, prompts, model, sampler=ar_sampler(stage.recipe.rollout.sampler))
 
     # --- advantages and normalisers -----------------------------------------------------------------------
-    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
+    def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:
         cfg = self.config
+        base = super().advantages(ctx, batch)  # the active mask (zero-variance filter)
         if cfg.advantage != "mean_std":
-            return super().advantages(ctx, batch)
-        from .mdpo import group_zscore_unbiased
-        adv = super().advantages(ctx, batch)  # sets batch["active"] (zero-variance filter)
-        return group_zscore_unbiased(batch["rewards"].float(), batch["group"], cfg.advantage_eps).to(adv.device)
+            return base
+        return Advantages(group_zscore_unbiased(batch.rewards.float(), batch.group, cfg.advantage_eps).to(base.values.device),
+                          base.active)
 
-    def loss_mask(self, batch: Batch) -> torch.Tensor:
-        return batch["ar_targets"].float() * batch["active"].float()[:, None]
+    def loss_mask(self, batch: RLBatch) -> torch.Tensor:
+        return batch.state.targets.float() * batch.active.float()[:, None]
 
-    def normalizers(self, batch: Batch) -> dict[str, float]:
+    def normalizers(self, batch: RLBatch) -> dict[str, float]:
         out = super().normalizers(batch)
         # The reference divides by the number of samples with a non-zero advantage (valid_samples).
-        valid = (batch["advantages"] != 0).float() * batch["active"].float()
+        valid = (batch.advantages.values != 0).float() * batch.active.float()
         out["seqs"] = float(valid.sum())
         return out
 
     # --- likelihood --------------------------------------------------------------------------------------
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
+    def prepare(self, ctx: StepContext, batch: RLBatch) -> ARState:
+        return ARState(ar_targets(batch, self.config.post_tokens))
+
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         """One clean ``[prompt ; y]`` view naming the scored slots; ``log_likelihood`` builds the AR states from it
         (deterministic: every inner iteration and the reference share it)."""
-        self.check_model(ctx.adapter)
-        if "ar_views" in batch.meta:
-            return batch.meta["ar_views"]
-        targets = ar_targets(batch, self.config.post_tokens)
-        batch["ar_targets"] = targets
-        comp = batch["completion_ids"]
-        views = [prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], comp, comp, targets)]
-        batch.meta["ar_views"] = views
-        return views
+        comp = batch.completion_ids
+        return [prompt_completion_view(batch.prompt_ids, batch.prompt_mask, comp, comp, batch.state.targets)]
 
-    def forwards(self, ctx: StepContext, batch: Batch) -> list[View]:
+    def forwards(self, ctx: StepContext, batch: RLBatch) -> list[View]:
         """The forward passes of the micro-batch's AR log-likelihood (one view each)."""
-        targets = batch["ar_targets"]
+        targets = batch.state.targets
         mask_id = ctx.adapter.mask_token_id
         if ctx.adapter.is_block_causal:
             return [ar_block_view(batch, targets, mask_id)]
@@ -205,27 +207,29 @@ class JustGRPO(GRPOAlgorithm):
             views += [pad] * (count - len(views))
         return views
 
-    def _run(self, ctx: StepContext, model, batch: Batch, v: View, with_entropy: bool):
-        """(logp [B, Lc], entropy or None, scored [B, Lc] bool) of one forward."""
+    def _run(self, ctx: StepContext, model, batch: RLBatch, v: View, with_entropy: bool):
+        """(logp [B, Lc], entropy or None, scored [B, Lc] bool) of one forward, at the rollout's temperature (the
+        policy the sampler drew from)."""
+        sampler = ctx.services.rollout_sampler
         lp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
                                 position_ids=v.position_ids, chunk_size=ctx.chunk_size,
-                                temperature=batch.meta.get("temperature", 1.0),
+                                temperature=sampler.temperature if sampler is not None else 1.0,
                                 with_entropy=with_entropy)
         lp, scored = lp.gather(1, v.score_index), v.targets.gather(1, v.score_index)
         ent = ent.gather(1, v.score_index) if ent is not None else None
         if "sample" not in v.info:  # the block view: rows are the batch's samples
             return lp, ent, scored
         # state rows: one scored slot per row, scattered back to (sample, slot)
-        B, Lc = batch["completion_ids"].shape
+        B, Lc = batch.completion_ids.shape
         idx = (v.info["sample"].to(lp.device), v.info["slot"].to(lp.device))
         dense = torch.zeros(B, Lc, device=lp.device).index_put(idx, lp[scored])
         dense_ent = torch.zeros(B, Lc, device=lp.device).index_put(idx, ent[scored]) if ent is not None else None
         hit = torch.zeros(B, Lc, dtype=torch.bool, device=lp.device).index_put(idx, torch.ones_like(idx[0], dtype=torch.bool))
         return dense, dense_ent, hit
 
-    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
-        B, Lc = batch["completion_ids"].shape
-        total = torch.zeros(B, Lc, device=batch["completion_ids"].device)
+    def log_likelihood(self, ctx: StepContext, model, batch: RLBatch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+        B, Lc = batch.completion_ids.shape
+        total = torch.zeros(B, Lc, device=batch.completion_ids.device)
         ent_total = torch.zeros_like(total) if with_entropy else None
         for item in self.forwards(ctx, batch):
             lp, ent, _ = self._run(ctx, model, batch, item, with_entropy)
@@ -235,7 +239,7 @@ class JustGRPO(GRPOAlgorithm):
         return LogLik(total, ent_total)
 
     # --- loss and update -----------------------------------------------------------------------------------
-    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int, select: Optional[torch.Tensor] = None):
+    def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int, select: Optional[torch.Tensor] = None):
         """The loss share of ``batch`` (of its ``select`` tokens when given: one forward's conditionals)."""
         cfg = self.config
         logp = current.value
@@ -244,9 +248,9 @@ class JustGRPO(GRPOAlgorithm):
         full = self.loss_mask(batch).to(logp.device)
         sel = full if select is None else full * select.float()
         norms = dict(ctx.norms, seqs=ctx.norms["seqs"] + cfg.valid_eps)
-        w = aggregation_weights(sel, cfg.aggregation, norms, batch["completion_ids"].shape[1], full.sum(-1))
+        w = aggregation_weights(sel, cfg.aggregation, norms, batch.completion_ids.shape[1], full.sum(-1))
         logp_s = torch.where(sel > 0, logp, old.detach())  # placeholders outside the selection: ratio 1, no grad
-        per_tok, ratio, clipped = clipped_surrogate(logp_s, old, batch["advantages"].to(logp.device), cfg.clip_low,
+        per_tok, ratio, clipped = clipped_surrogate(logp_s, old, batch.advantages.values.to(logp.device), cfg.clip_low,
                                                     cfg.clip_high, cfg.dual_clip, cfg.logratio_clamp)
         loss = (per_tok * w).sum()
         tok = max(ctx.norms["tokens"], 1.0)
@@ -261,15 +265,10 @@ class JustGRPO(GRPOAlgorithm):
             metrics["entropy"] = float((current.entropy * sel).sum()) / tok
         return loss, metrics
 
-    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+    def backward(self, ctx: StepContext, model, batch: RLBatch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
         """One forward + backward per forward of ``forwards``: the loss is linear in the per-token terms (global normalisers), so
         the accumulated gradient is the whole loss's while only one row's graph is alive."""
-        totals: dict[str, float] = {"loss": 0.0}
-        for item in self.forwards(ctx, batch):
+        def forward_loss(_, item):
             lp, ent, scored = self._run(ctx, model, batch, item, ctx.want_entropy)
-            loss, metrics = self.loss(ctx, batch, LogLik(lp, ent), iteration, select=scored)
-            (loss * loss_scale).backward()
-            totals["loss"] += float(loss.detach())
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
-        return totals
+            return self.loss(ctx, batch, LogLik(lp, ent), iteration, select=scored)
+        return backward_each_view(self.forwards(ctx, batch), forward_loss, loss_scale)

@@ -61,7 +61,7 @@ class AlgorithmInfo:
 
 def algorithm_infos() -> list[AlgorithmInfo]:
     """Every registered algorithm, by kind (sft, preference, rl) then name. ``mc_samples`` is the default config's."""
-    from . import ALGORITHMS, load_builtin_algorithms
+    from .registry import ALGORITHMS, load_builtin_algorithms
     load_builtin_algorithms()
     order = {"sft": 0, "preference": 1, "rl": 2}
     out = []

@@ -4,8 +4,7 @@ The rollout records its trajectory (``rollout.sampler.record_trajectory: true``)
 input state ``x^(s)`` and the step's prediction ``x0^(s)`` (every masked position filled by the sampler's pick, the
 rest kept) with per-token confidences ``c^(s)`` (the running confidence with RCR).
 
-* Rewards on every intermediate prediction: ``r_s = R(x0^(s))`` (``ctx.services["score_completions"]``, or a
-  precomputed ``step_rewards [B, S]`` batch field).
+* Rewards on every intermediate prediction: ``r_s = R(x0^(s))`` (``ctx.services.score_completions``).
 * Step advantages ``a_s = (r_s - r_{s-1}) + 1 + mean_{u>s} r_u`` (``r_{-1} = 0``; the last step uses ``r_{T-1}``),
   z-scored per step across each group: ``(a - mean) / (std + 1e-4)`` with the unbiased std, as the reference.
 * The ``sample_train_steps`` (16) steps with the largest ``sum_batch |A_s|`` are trained, the same for the batch.
@@ -43,12 +42,17 @@ from typing import ClassVar, Literal
 
 import torch
 
+from ..collectives import agree_max
 from ..diffusion.logprob import score_targets
-from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig, clipped_surrogate, group_mean_std, kl_penalty
-from .tracerl import agree_max
-from .views import prompt_completion_view
+from .advantages import group_zscore_unbiased
+from .base import StepContext
+from .batch import Advantages, LogLik, RLBatch, View
+from .common.scoring import backward_each_view
+from .common.views import prompt_completion_view
+from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
+from .losses import clipped_surrogate, kl_penalty
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 
 @dataclass
@@ -94,13 +98,6 @@ def step_advantages_raw(rewards: torch.Tensor) -> torch.Tensor:
     return (r - prev + 1.0 + future).float()
 
 
-def group_zscore_unbiased(values: torch.Tensor, groups: torch.Tensor, eps: float) -> torch.Tensor:
-    """Per-column ``(v - mean) / (std + eps)`` within each group, unbiased std (0 for groups of one)."""
-    mean, std, n = group_mean_std(values, groups)
-    unbiased = torch.where(n > 1, std * torch.sqrt(n / (n - 1).clamp_min(1)), torch.zeros_like(std))
-    return ((values.double() - mean) / (unbiased + eps)).float()
-
-
 def top_steps(advantages: torch.Tensor, valid: torch.Tensor, k: int) -> list[int]:
     """The k step indices with the largest ``sum_batch |A_s|`` (steps no row took count 0), in that order."""
     score = (advantages.abs() * valid.float()).sum(0)
@@ -113,16 +110,22 @@ def answer_backslide(step_correct: torch.Tensor, valid: torch.Tensor, final_corr
     return (step_correct.bool() & valid.bool()).any(1) & ~final_correct.bool()
 
 
-def trajectory_fields(batch: Batch):
-    """(states, x0, confidence, valid) of the batch's trajectory (a dict of tensors or an object with them)."""
-    if "trajectory" not in batch or batch["trajectory"] is None:
+def trajectory_fields(batch: RLBatch):
+    """(states, x0, confidence, valid) of the batch's recorded trajectory."""
+    t = batch.trajectory
+    if t is None:
         raise ValueError("MDPO trains on the sampler's intermediate states: set rollout.sampler.record_trajectory: "
                          "true so that the batch carries the rollout's trajectory")
-    t = batch["trajectory"]
-    if not isinstance(t, dict):  # the rollout's Trajectory: store its tensors so micro-batches can slice them
-        t = {k: getattr(t, k) for k in ("states", "x0", "confidence", "valid")}
-        batch["trajectory"] = t
-    return t["states"], t["x0"], t["confidence"], t["valid"].bool()
+    return t.states, t.x0, t.confidence, t.valid.bool()
+
+
+@dataclass
+class MDPOState:
+    """MDPO's ``batch.state``: each step's reward ``[B, S]`` and advantage ``[B, S]``, and the trained steps (the
+    ``sample_train_steps`` largest by ``sum |A_s|``, padded with -1 to the count every rank runs)."""
+    step_rewards: torch.Tensor
+    step_advantages: torch.Tensor
+    steps: list
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -134,12 +137,9 @@ class MDPO(GRPOAlgorithm):
     name = "mdpo"
     paper = PaperSettings(
         lr=1e-5, grad_clip=1.0, temperature=0.1,
+        published_code=True,
         sampler={"record_trajectory": True},  # MDPO trains on the rollout's intermediate states
-        source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script",
-        embedded_lr_factor=0.1,
-        embedded_note="at its paper ratio (10x Coupled-GRPO's lr, 1e-3 on the tiny LLaDA) the training reward oscillated "
-                      "between 0.0 and 0.67 with gradient norms near 27, and held-out reward fell 0.406 -> 0.365; at 1e-4 "
-                      "(factor 0.1) it rose 0.406 -> 0.582 (seed 0, 100 held-out puzzles, docs/comparison.md).")
+        source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script")
     config_class = MDPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {
@@ -165,9 +165,9 @@ class MDPO(GRPOAlgorithm):
         cfg = self.config
         if not prompts:
             return []
-        sampler = dataclasses.replace(ctx.services["rollout_sampler"], temperature=cfg.icfw_temperature,
+        sampler = dataclasses.replace(ctx.services.rollout_sampler, temperature=cfg.icfw_temperature,
                                       record_trajectory=True)
-        score = ctx.services["score_ids"]
+        score = ctx.services.score_ids
         seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u) for u in uids]
         ro = generate(model, [p.input_ids for p in prompts], sampler, n=1, seeds=seeds)
         examples = [p.example for p in prompts]
@@ -180,15 +180,14 @@ class MDPO(GRPOAlgorithm):
         return keep.nonzero().flatten().tolist()
 
     # --- per-step rewards and advantages (computed once, before the views) -----------------------------
-    def step_rewards(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
-        if "step_rewards" in batch:
-            return batch["step_rewards"].float()
+    deterministic_views = True  # the views replay the recorded states of the selected steps
+
+    def step_rewards(self, ctx: StepContext, batch: RLBatch) -> torch.Tensor:
         _, x0, _, valid = trajectory_fields(batch)
-        score = ctx.services.get("score_completions")
+        score = ctx.services.score_completions
         if score is None:
             raise ValueError("MDPO scores every intermediate prediction: the trainer must provide "
-                             "ctx.services['score_completions'](batch, completion_ids [N, Lc], sample_index [N]) "
-                             "or a 'step_rewards' [B, S] batch field")
+                             "ctx.services.score_completions(batch, completion_ids [N, Lc], sample_index [N])")
         B, S, Lc = x0.shape
         rows, steps = valid.nonzero(as_tuple=True)
         values = torch.as_tensor(score(batch, x0[rows, steps], rows), dtype=torch.float32).to(x0.device)
@@ -199,37 +198,28 @@ class MDPO(GRPOAlgorithm):
         idx = torch.minimum(torch.arange(S, device=x0.device)[None].expand(B, S), last[:, None])
         return rewards.gather(1, idx)
 
-    def _prepare_steps(self, ctx: StepContext, batch: Batch) -> list[int]:
-        if "mdpo_steps" in batch.meta:
-            return batch.meta["mdpo_steps"]
+    def prepare(self, ctx: StepContext, batch: RLBatch) -> MDPOState:
         states, x0, _, valid = trajectory_fields(batch)
         rewards = self.step_rewards(ctx, batch)
-        adv = group_zscore_unbiased(step_advantages_raw(rewards), batch["group"], self.config.advantage_eps)
+        adv = group_zscore_unbiased(step_advantages_raw(rewards), batch.group, self.config.advantage_eps)
         steps = top_steps(adv, valid, self.config.sample_train_steps)
         (k,) = agree_max([len(steps)], states.device)  # every rank runs the same number of forwards
-        batch["step_rewards"], batch["step_advantages"] = rewards, adv
-        batch.meta["mdpo_steps"] = steps + [-1] * (k - len(steps))  # -1: a padding slot without targets
-        return batch.meta["mdpo_steps"]
+        return MDPOState(rewards, adv, steps + [-1] * (k - len(steps)))  # -1: a padding slot without targets
 
-    def advantages(self, ctx: StepContext, batch: Batch) -> torch.Tensor:
-        steps = self._prepare_steps(ctx, batch)
-        adv = batch["step_advantages"]
-        batch["active"] = torch.ones(batch.size, device=adv.device)
-        cols = [adv[:, s] if s >= 0 else torch.zeros_like(adv[:, 0]) for s in steps]
-        return torch.stack(cols, dim=1)  # [B, k]: the advantage of each trained step slot
+    def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:
+        adv = batch.state.step_advantages
+        cols = [adv[:, s] if s >= 0 else torch.zeros_like(adv[:, 0]) for s in batch.state.steps]
+        # [B, k]: the advantage of each trained step slot
+        return Advantages(torch.stack(cols, dim=1), torch.ones(batch.size, device=adv.device))
 
     # --- views: one per selected step --------------------------------------------------------------------
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx.adapter)
-        if iteration > 0 and "mdpo_views" in batch.meta:  # deterministic: reuse the first iteration's views
-            return batch.meta["mdpo_views"]
-        steps = self._prepare_steps(ctx, batch)
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         states, x0, conf, valid = trajectory_fields(batch)
         mask_id = ctx.adapter.mask_token_id
         views = []
-        for s in steps:
+        for s in batch.state.steps:
             if s < 0:
-                state, pred, c, targets = batch["completion_ids"], batch["completion_ids"], None, None
+                state, pred, c, targets = batch.completion_ids, batch.completion_ids, None, None
             else:
                 state, pred, c = states[:, s], x0[:, s], conf[:, s]
                 targets = (state == mask_id) & valid[:, s:s + 1]
@@ -241,15 +231,14 @@ class MDPO(GRPOAlgorithm):
             if targets is None:
                 targets = torch.zeros_like(state, dtype=torch.bool)
             # labels = the step's prediction x0^(s)
-            view = prompt_completion_view(batch["prompt_ids"], batch["prompt_mask"], pred, state, targets)
+            view = prompt_completion_view(batch.prompt_ids, batch.prompt_mask, pred, state, targets)
             if c is not None:
                 view.info["confidence"] = c.float()
             views.append(view)
-        batch.meta["mdpo_views"] = views
         return views
 
     # --- likelihood: one [B, Lc] block of slots per selected step ------------------------------------------
-    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+    def log_likelihood(self, ctx: StepContext, model, batch: RLBatch, views: list[View], *, with_entropy: bool = False) -> LogLik:
         values, ents = [], []
         for v in views:
             logp, ent = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
@@ -261,9 +250,9 @@ class MDPO(GRPOAlgorithm):
         return LogLik(torch.cat(values, dim=1), torch.cat(ents, dim=1) if ents else None)
 
     # --- loss ----------------------------------------------------------------------------------------------
-    def _slot_tensors(self, batch: Batch, views: list[View]):
+    def _slot_tensors(self, batch: RLBatch, views: list[View]):
         """Per slot (selected step): targets [B, k*Lc], lambda [B, k*Lc], confidence [B, k*Lc]."""
-        Lc = batch["completion_ids"].shape[1]
+        Lc = batch.completion_ids.shape[1]
         tgts, lams, confs = [], [], []
         for v in views:
             t = v.targets.gather(1, v.score_index)
@@ -274,22 +263,22 @@ class MDPO(GRPOAlgorithm):
             confs.append(c if (c is not None and self.config.confidence_weight) else torch.ones_like(t, dtype=torch.float32))
         return torch.cat(tgts, 1), torch.cat(lams, 1), torch.cat(confs, 1)
 
-    def normalizers(self, batch: Batch) -> dict[str, float]:
-        active = batch["active"].float()[:, None] > 0
+    def normalizers(self, batch: RLBatch) -> dict[str, float]:
+        active = batch.active.float()[:, None] > 0
         out = {"seqs": float(active.sum()), "samples": float(batch.size), "targets": 0.0}
-        for j, v in enumerate(batch["views"][0]):
+        for j, v in enumerate(batch.views[0]):
             n = float((v.targets.gather(1, v.score_index) & active).sum())
             out[f"mdpo_slot_{j}"] = n
             out["targets"] += n
         return out
 
-    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int, slots=None):
+    def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int, slots=None):
         cfg = self.config
-        views = batch["views"][iteration]
-        Lc = batch["completion_ids"].shape[1]
+        views = batch.views[iteration]
+        Lc = batch.completion_ids.shape[1]
         k = len(views)
         tgt, lam, conf = self._slot_tensors(batch, views)
-        tgt = tgt & (batch["active"].float()[:, None] > 0)
+        tgt = tgt & (batch.active.float()[:, None] > 0)
         if slots is not None:  # restrict to some slots (per-view backward)
             keep = torch.zeros(k, dtype=torch.bool)
             keep[list(slots)] = True
@@ -299,7 +288,7 @@ class MDPO(GRPOAlgorithm):
         logp = current.value
         old, ref = self.old_and_ref(batch, current, iteration)
         logp_s = torch.where(tgt, logp, old.detach())  # placeholders outside the targets give ratio 1
-        adv = batch["advantages"].to(logp.device).repeat_interleave(Lc, dim=1)
+        adv = batch.advantages.values.to(logp.device).repeat_interleave(Lc, dim=1)
         per_tok, ratio, clipped = clipped_surrogate(logp_s, old, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip,
                                                     cfg.logratio_clamp)
         per_tok = per_tok * lam
@@ -316,12 +305,12 @@ class MDPO(GRPOAlgorithm):
             metrics["entropy"] = float((current.entropy * tgt).sum()) / n_all
         return loss, metrics
 
-    def backward(self, ctx: StepContext, model, batch: Batch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+    def backward(self, ctx: StepContext, model, batch: RLBatch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
         """One forward + backward per selected step (as the reference), so only one step's graph is alive."""
-        views = batch["views"][iteration]
-        Lc = batch["completion_ids"].shape[1]
-        totals: dict[str, float] = {"loss": 0.0}
-        for j, view in enumerate(views):
+        views = batch.views[iteration]
+        Lc = batch.completion_ids.shape[1]
+
+        def step_loss(j, view):
             part = self.log_likelihood(ctx, model, batch, [view], with_entropy=ctx.want_entropy)
             # Place this step's slots in the full [B, k*Lc] layout; the others hold the old log-probs (ratio 1).
             full = torch.zeros(part.value.shape[0], len(views) * Lc, device=part.value.device)
@@ -330,9 +319,5 @@ class MDPO(GRPOAlgorithm):
             if part.entropy is not None:
                 ent = torch.zeros_like(full)
                 ent[:, j * Lc:(j + 1) * Lc] = part.entropy
-            loss, metrics = self.loss(ctx, batch, LogLik(full, ent), iteration, slots=[j])
-            (loss * loss_scale).backward()
-            totals["loss"] += float(loss.detach())
-            for key, val in metrics.items():
-                totals[key] = totals.get(key, 0.0) + val
-        return totals
+            return self.loss(ctx, batch, LogLik(full, ent), iteration, slots=[j])
+        return backward_each_view(views, step_loss, loss_scale)

@@ -40,7 +40,9 @@ from ..diffusion.corruption import apply_mask, block_diffusion_inputs, cart_weig
 from ..diffusion.noise import sample_time
 from ..diffusion.uniform import packed_canvas_view, uniform_replace
 from ..models import masks as attn_masks
-from .base import Algorithm, AlgorithmConfig, Batch, LogLik, StepContext, View, register_algorithm
+from .base import Algorithm, AlgorithmConfig, StepContext
+from .batch import Batch, LogLik, View
+from .registry import register_algorithm
 
 
 @dataclass
@@ -147,8 +149,8 @@ class SFT(Algorithm):
         docs = batch["doc_uid"]
         n_docs = sum(len(doc_segments(docs[r].cpu())) for r in range(docs.shape[0]))
         out = {"docs": float(n_docs), "answer_tokens": float(batch["answer_mask"].sum()), "samples": float(batch.size)}
-        if "views" in batch:
-            views = batch["views"][0]
+        if batch.views:
+            views = batch.views[0]
             enc = [getattr(v.layout, "enc_len", 0) for v in views]
             out["masked_tokens"] = float(sum(v.targets[:, n:].sum() for v, n in zip(views, enc)))
             out["ar_tokens"] = float(sum(v.targets[:, :n].sum() for v, n in zip(views, enc)))
@@ -156,7 +158,7 @@ class SFT(Algorithm):
 
     def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
         key = {"answer_length": "docs", "answer_tokens": "answer_tokens", "masked_tokens": "masked_tokens"}[self.config.normalize]
-        view = batch["views"][iteration][0]
+        view = batch.views[iteration][0]
         n_enc = getattr(view.layout, "enc_len", 0)  # encoder-decoder: the first n_enc columns are the encoder's AR rows
         value = current.value
         diffusion = -value[:, n_enc:].sum() / max(ctx.norms[key], 1.0)

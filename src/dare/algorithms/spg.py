@@ -39,12 +39,14 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..diffusion.logprob import score_targets
-from .base import Batch, LogLik, StepContext, View, register_algorithm
-from .d1 import completion_view
-from .ebpo import completion_blocks
+from .base import StepContext
+from .batch import LogLik, RLBatch, View
+from .common.blocks import completion_blocks
+from .common.scoring import score_view
+from .common.views import completion_view
 from .grpo import GRPOAlgorithm, GRPOConfig
 from .paper import PaperSettings
+from .registry import register_algorithm
 
 ForwardType = Literal["all", "random", "block_all", "block_random"]
 
@@ -105,10 +107,10 @@ def block_spans(length: int, block_length: int, prompt_len: int = 0, block_size=
     return spans or [(0, 0)]
 
 
-def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
+def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: RLBatch, iteration: int):
     """Per draw j: (prompt mask ``[B, P]``, completion mask ``[B, Lc]``, chosen block ``[B]`` or -1)."""
-    prompt_real = batch["prompt_mask"].bool().cpu()
-    valid = batch["completion_mask"].bool().cpu()
+    prompt_real = batch.prompt_mask.bool().cpu()
+    valid = batch.completion_mask.bool().cpu()
     B, Lc = valid.shape
     block_size = ctx.adapter.block_size if ctx.adapter.is_block_causal else None
     if ctx.adapter.is_block_causal and not block_size:
@@ -117,7 +119,7 @@ def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
     out = [(torch.zeros_like(prompt_real), torch.zeros(B, Lc, dtype=torch.bool), torch.full((B,), -1, dtype=torch.long))
            for _ in range(cfg.num_t)]
     idx = torch.arange(Lc)
-    for i, uid in enumerate(batch["uid"].tolist()):
+    for i, uid in enumerate(batch.uid.tolist()):
         L = int(valid[i].sum())
         spans = block_spans(L, block_length, int(prompt_real[i].sum()), block_size)
         n_blocks = len(spans)
@@ -146,7 +148,7 @@ def spg_masks(ctx: StepContext, cfg: SPGConfig, batch: Batch, iteration: int):
                 out[j][0][i, prompt_real[i]] = torch.rand(n_p, generator=g) < cfg.p_mask_prompt
                 comp |= regular & (torch.rand(Lc, generator=g) < cfg.p_mask_prompt)
             out[j][1][i] = comp
-    dev = batch["completion_ids"].device
+    dev = batch.completion_ids.device
     return [(p.to(dev), c.to(dev), b.to(dev)) for p, c, b in out]
 
 
@@ -171,6 +173,7 @@ class SPG(GRPOAlgorithm):
     name = "spg"
     paper = PaperSettings(
         lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="facebookresearch/SPG spg/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft); spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch (NUM_ITER=4, --temperature 0.3, --eubo_beta 1.0)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 4, "eubo_beta": 1.0}}})
     config_class = SPGConfig
@@ -188,45 +191,43 @@ class SPG(GRPOAlgorithm):
     def mc_samples(self) -> int:
         return self.config.num_t
 
-    def corrupt(self, ctx: StepContext, batch: Batch, iteration: int) -> list[View]:
-        self.check_model(ctx.adapter)
-        prompt, comp, valid = batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"].bool()
-        uid = batch["uid"]
+    def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
+        prompt, comp, valid = batch.prompt_ids, batch.completion_ids, batch.completion_mask.bool()
+        uid = batch.uid
         views = []
         for j, (pm, cm, block) in enumerate(spg_masks(ctx, self.config, batch, iteration)):
             scored = cm & valid
             t_hat = scored.sum(-1).float() / valid.sum(-1).clamp_min(1).float()
             views.append(completion_view(ctx, batch, ctx.corrupt(comp, cm, uid, iteration, j, "completion"), scored,
                                          prompt_input=ctx.corrupt(prompt, pm, uid, iteration, j, "prompt",
-                                                                  valid=batch["prompt_mask"]),
+                                                                  valid=batch.prompt_mask),
                                          info={"block": block, "t_hat": t_hat, "prompt_masked": pm}))
         return views
 
-    def log_likelihood(self, ctx: StepContext, model, batch: Batch, views: list[View], *, with_entropy: bool = False) -> LogLik:
+    def log_likelihood(self, ctx: StepContext, model, batch: RLBatch, views: list[View], *, with_entropy: bool = False) -> LogLik:
         """Value ``[B, 2]``: column 0 the ELBO (positive branch), column 1 the negative-branch bound."""
         cfg = self.config
         logps, scored = [], []
         for v in views:
-            lp, _ = score_targets(model, v.input_ids, v.targets, v.labels, attention_mask=v.attention_mask,
-                                  position_ids=v.position_ids, layout=v.layout, chunk_size=ctx.chunk_size)
+            lp, _ = score_view(model, v, ctx.chunk_size)
             logps.append(lp.gather(1, v.score_index))
             scored.append(v.targets.gather(1, v.score_index))
         logp, scored = torch.stack(logps), torch.stack(scored)
-        valid = batch["completion_mask"].bool().to(logp.device)
+        valid = batch.completion_mask.bool().to(logp.device)
         elbo, eubo = spg_bounds(logp, scored, valid, cfg.eubo_beta)
         neg = {"eubo": eubo, "mix": cfg.mix_weight * eubo + (1.0 - cfg.mix_weight) * elbo, "elbo": elbo,
                "zero": torch.zeros_like(elbo)}[cfg.logp_estimation]
         return LogLik(torch.stack([elbo, neg], dim=1))
 
-    def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
+    def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int):
         value = current.value
-        adv = batch["advantages"].to(value.device).float()
+        adv = batch.advantages.values.to(value.device).float()
         positive = adv > 0  # the reference's reward_mask
         bound = torch.where(positive, value[:, 0], value[:, 1])
         length = self.loss_mask(batch).sum(-1).to(value.device)  # completion length, 0 for filtered groups
         loss = -(adv * length * bound).sum() / max(ctx.norms["tokens"], 1.0)
         seqs = max(ctx.norms["seqs"], 1.0)
-        active = batch["active"].float().to(value.device)
+        active = batch.active.float().to(value.device)
         metrics = {"elbo": float((value[:, 0].detach() * active).sum()) / seqs,
                    "neg_bound": float((value[:, 1].detach() * active).sum()) / seqs,
                    "positive_frac": float((positive.float() * active).sum()) / seqs}

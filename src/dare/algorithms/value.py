@@ -15,16 +15,17 @@ and 0 before; ``V*_s`` is the mean old value of step s's tokens. Step-level GAE:
 ``R_j = r`` and ``A_j = r - V_j``: a token-wise baseline.
 
 **Value loss** (``forward_process`` of ``train_sdar_value.py``): ``0.5 max((V - R)^2, (V_clip - R)^2)`` with
-``V_clip = V_old + clip(V - V_old, -eps, eps)`` (eps = the policy's clip, 0.2), weighted per token like the policy
+``V_clip = V_old + clip(V - V_old, -eps, eps)`` (eps = the policy's clip, 0.2; ``losses.clipped_value_loss``), weighted per token like the policy
 surrogate (each (sample, round) row summed over its targets and divided by the response length on block models).
 """
 from __future__ import annotations
 
 import copy
-from typing import Optional
 
 import torch
 from torch import nn
+
+from ..models import LogitsRequest
 
 
 class ValueModel(nn.Module):
@@ -57,7 +58,7 @@ class ValueModel(nn.Module):
         """Values ``[B, L]`` (fp32, zero elsewhere) at the ``targets [B, L]`` positions, read from the rows that
         predict them (``adapter.prediction_rows``), as ``score_targets`` reads log-probs."""
         out = self.lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, layout=layout,
-                      return_hidden=True, compute_logits=False)
+                      request=LogitsRequest.hidden_states())
         b, col = targets.nonzero(as_tuple=True)
         rows = self.adapter.prediction_rows(col)
         values = self.value_head(out.hidden_states[b, rows]).squeeze(-1).float()
@@ -111,14 +112,3 @@ def trace_returns_advantages(rewards: torch.Tensor, old_values: torch.Tensor, st
     adv = (r_tok - old_values.double()) + gamma * V_next.gather(1, nxt) + gamma * lam * A_next.gather(1, nxt)
     zero = torch.zeros(B, L, dtype=torch.float64, device=dev)
     return torch.where(tok.to(dev), returns, zero).float(), torch.where(tok.to(dev), adv, zero).float()
-
-
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       clip: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per token ``0.5 max((V - R)^2, (V_clip - R)^2)`` (PPO's clipped value loss); returns (loss, clipped-branch)."""
-    unclipped = (values - returns) ** 2
-    if clip is None:
-        return 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
-    v_clip = old_values + (values - old_values).clamp(-clip, clip)
-    clipped = (v_clip - returns) ** 2
-    return 0.5 * torch.maximum(unclipped, clipped), clipped > unclipped

@@ -153,7 +153,8 @@ def sampler_for_model(sampler, model, enabled: bool):
 
 
 def run(args) -> int:
-    from dare.eval.models import model_name, resolve_device
+    from dare.eval.models import model_name
+    from dare.models.model_spec import resolve_device
     from dare.trainer.run_folder import RunLock
 
     settings = sweep_settings(args.sweep)
@@ -209,14 +210,14 @@ def _folder(label: str) -> str:
 
 def _run_models(cfg, out: Path, names: list, quiet: bool = False):
     from dare.eval import evaluate, write_results
-    from dare.eval.models import load_for_eval
+    from dare.models.model_spec import load_model_spec, resolve_device
     from dare.rewards import close_pool
 
     all_results = []
     try:
         for spec, name in zip(cfg.models, names):
-            model, tok = load_for_eval(spec, dtype=cfg.dtype, device=cfg.device, mask_token_id=cfg.mask_token_id,
-                                       tokenizer=cfg.tokenizer, tiny_seed=cfg.tiny_seed)
+            model, tok = load_model_spec(spec, dtype=cfg.dtype, device=resolve_device(cfg.device),
+                                         mask_token_id=cfg.mask_token_id, tokenizer=cfg.tokenizer, tiny_seed=cfg.tiny_seed)
             res = {"model": name, "benchmarks": {}}
             sampler = sampler_for_model(cfg.sampler, model, cfg.model_block_length)
             if cfg.benchmarks:

@@ -12,12 +12,9 @@ import dataclasses
 import json
 import time
 import typing
-from pathlib import Path
 
 NAME = "generate"
 HELP = "decode prompts with a diffusion LM (all sampler options as flags); prints completions, nfe and tokens/s"
-
-TINY_PREFIX = "tiny:"
 
 
 def _ids(text: str) -> list[int]:
@@ -28,8 +25,9 @@ def _ids(text: str) -> list[int]:
 
 
 def _sampler_flags(p) -> None:
-    from dare.rollout.config import CACHES, REMASKING, SCHEDULES, SamplerConfig
-    choices = {"remasking": REMASKING, "cache": CACHES, "schedule": SCHEDULES}
+    from dare.rollout.config import CACHES, SCHEDULES, SamplerConfig
+    from dare.rollout.selection import REMASKINGS
+    choices = {"remasking": tuple(REMASKINGS), "cache": CACHES, "schedule": SCHEDULES}
     g = p.add_argument_group("sampler (dare.rollout.SamplerConfig fields; unset = the dataclass default)")
     hints = typing.get_type_hints(SamplerConfig)
     for f in dataclasses.fields(SamplerConfig):
@@ -63,39 +61,13 @@ def add_arguments(p):
     _sampler_flags(p)
 
 
-def _has_tokenizer_files(path: str) -> bool:
-    folder = Path(path)
-    return folder.is_dir() and any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
-
-
 def _load(args, need_tokenizer: bool):
-    import torch
+    """(model, tokenizer or None): text prompts need the tokenizer; token-id prompts load one only if it is there."""
+    from dare.models.model_spec import load_model_spec, resolve_device
 
-    from dare.eval.models import resolve_device
-    from dare.models import load_model, parse_dtype, tiny
-    from dare.models.tokenizer import load_tokenizer, tiny_tokenizer
-
-    device = resolve_device(args.device)
-    if args.model.startswith(TINY_PREFIX):
-        tok = tiny_tokenizer()
-        model = tiny(args.model[len(TINY_PREFIX):], tokenizer=tok, seed=0)
-        if args.dtype:
-            model = model.to(parse_dtype(args.dtype))
-        return model.to(device).eval(), tok
-    tok_path = args.tokenizer or args.model
-    tok = load_tokenizer(tok_path) if (need_tokenizer or args.tokenizer or _has_tokenizer_files(tok_path)) else None
-    mask_id = args.mask_token_id
-    if mask_id is None and tok is not None and getattr(tok, "mask_token_id", None) is not None:
-        try:
-            model = load_model(args.model, dtype=args.dtype)
-        except ValueError:  # the config has no mask id (LLaDA2, SDAR-MoE): the tokenizer knows it
-            model = load_model(args.model, dtype=args.dtype, mask_token_id=tok.mask_token_id)
-    else:
-        model = load_model(args.model, dtype=args.dtype, mask_token_id=mask_id)
-    if tok is not None:
-        from dare.trainer.model_setup import warn_if_foreign_tokenizer
-        warn_if_foreign_tokenizer(model, tok, tok_path, args.model)
-    return model.to(device).eval(), tok
+    return load_model_spec(args.model, dtype=args.dtype, device=resolve_device(args.device),
+                           mask_token_id=args.mask_token_id, tokenizer=args.tokenizer,
+                           tokenizer_required=need_tokenizer)
 
 
 def _encode(tok, text: str, chat: bool) -> list[int]:

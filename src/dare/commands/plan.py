@@ -32,7 +32,7 @@ def add_arguments(p):
 def run(args) -> int:
     import torch
 
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
     from dare.plan.gpus import parse_bytes
     from dare.plan.planner import PlanOptions, plan_recipe
     from dare.plan.report import table

@@ -26,7 +26,7 @@ def run(args) -> int:
     import yaml
 
     from dare.config.core import to_dict
-    from dare.config.recipe import load_recipe
+    from dare.trainer.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.print_config:

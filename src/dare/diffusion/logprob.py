@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..models import LogitsRequest
+
 DEFAULT_CHUNK = 1024
 
 
@@ -110,7 +112,7 @@ def score_targets(model, input_ids: torch.Tensor, targets: torch.Tensor, labels:
         return _score_sharded(sp, model, input_ids, targets, labels, attention_mask, position_ids, layout,
                               chunk_size, temperature, with_entropy)
     out = model(input_ids, attention_mask=attention_mask, position_ids=position_ids, layout=layout,
-                return_hidden=True, compute_logits=False)
+                request=LogitsRequest.hidden_states())
     hidden = out.hidden_states
     b, col = targets.nonzero(as_tuple=True)
     rows = model.adapter.prediction_rows(col)
@@ -155,7 +157,7 @@ def _score_sharded(sp, model, input_ids, targets, labels, attention_mask, positi
     """``score_targets`` over a sequence-parallel group: this rank's rows score the targets they predict, and a sum
     over the group gives every rank the whole ``[B, L]`` result (``dare.models.sequence_parallel``)."""
     ids, mask, pos, lay = _pad_for_sequence_parallel(sp.size, input_ids, attention_mask, position_ids, layout)
-    hidden = model(ids, attention_mask=mask, position_ids=pos, layout=lay, return_hidden=True, compute_logits=False,
+    hidden = model(ids, attention_mask=mask, position_ids=pos, layout=lay, request=LogitsRequest.hidden_states(),
                    sequence_parallel=sp).hidden_states
     own = sp.local(ids.shape[1])
     b, col = targets.nonzero(as_tuple=True)

@@ -54,8 +54,9 @@ class DareLM(LM):
         if model is None:
             if pretrained is None:
                 raise ValueError("dare lm-eval model: give pretrained=PATH (or model= and tokenizer= objects)")
-            from .models import load_for_eval
-            model, tokenizer = load_for_eval(str(pretrained), dtype=dtype, device=device, mask_token_id=mask_token_id)
+            from ..models.model_spec import load_model_spec, resolve_device
+            model, tokenizer = load_model_spec(str(pretrained), dtype=dtype, device=resolve_device(device),
+                                               mask_token_id=mask_token_id)
         elif tokenizer is None:
             raise ValueError("dare lm-eval model: a model object needs its tokenizer=")
         self.model, self.tokenizer = model.eval(), tokenizer

@@ -50,9 +50,9 @@ class DareOpenCompassModel(_Base):
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=generation_kwargs or {})
         if model is None or tokenizer is None:
-            from .models import load_for_eval
-            model, tokenizer = load_for_eval(path, dtype=dtype, device=device, mask_token_id=mask_token_id,
-                                             tokenizer=tokenizer_path)
+            from ..models.model_spec import load_model_spec, resolve_device
+            model, tokenizer = load_model_spec(path, dtype=dtype, device=resolve_device(device), mask_token_id=mask_token_id,
+                                               tokenizer=tokenizer_path)
         self.model, self.tokenizer = model, tokenizer
         self.sampler = SamplerConfig(**(sampler or {}))
         self.mc_num, self.mc_batch_size, self.seed = int(mc_num), int(mc_batch_size), int(seed)

@@ -4,7 +4,7 @@ transformers maintains DiffusionGemma (``transformers.models.diffusion_gemma``),
 the encoder, the decoder (with self-conditioning), the MoE and the caches are transformers' modules; this class only
 drives them the way dare's trainers and samplers need:
 
-* ``model(input_ids, layout=CanvasLayout, return_hidden=True, compute_logits=False)`` -- the training / scoring
+* ``model(input_ids, layout=CanvasLayout, request=LogitsRequest.hidden_states())`` -- the training / scoring
   forward. ``input_ids`` is ``[clean encoder ids ; canvas ids]``; the encoder runs over the clean part (causal, its
   KV kept for every layer), the decoder over the canvas with block-causal masks (``dare.models.canvas``). The
   returned hidden states are ``[encoder rows ; canvas rows]``: encoder row i predicts token i+1 (the encoder's
@@ -22,6 +22,8 @@ and never run: dare is text-only.
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -30,7 +32,10 @@ from torch import nn
 from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .canvas import FULL, SLIDING, CanvasLayout
-from .model import ModelOutput
+from .checkpoint import CheckpointError
+from .families import FamilySpec, UnsupportedModelError
+from .modules import take_rows
+from .outputs import ALL_LOGITS, LogitsRequest, ModelOutput
 
 # Per-layer submodules of transformers' encoder and decoder text layers that hold the shared weights.
 LAYER_MODULES = ("mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -56,26 +61,10 @@ def share_encoder_modules(model: nn.Module) -> None:
     model.lm_head.weight = dec.embed_tokens.weight
 
 
-def arch_of(text: dict) -> ModelArch:
-    """A descriptive ``ModelArch`` (sizes for ``dare models``, the vocabulary check) of the text config."""
-    from .arch import MoESpec
-    heads = text["num_attention_heads"]
-    moe = None
-    if text.get("num_experts"):
-        moe = MoESpec(num_experts=text["num_experts"], top_k=text["top_k_experts"],
-                      intermediate_size=text["moe_intermediate_size"], norm_topk_prob=True)
-    n = text["num_hidden_layers"]
-    return ModelArch(vocab_size=text["vocab_size"], hidden_size=text["hidden_size"], num_layers=n, num_heads=heads,
-                     num_kv_heads=text.get("num_key_value_heads", heads), head_dim=text.get("head_dim") or text["hidden_size"] // heads,
-                     intermediate_size=text["intermediate_size"], rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-                     tie_word_embeddings=True, hidden_act=text.get("hidden_activation", "gelu_pytorch_tanh"), moe=moe,
-                     moe_layers=list(range(n)) if moe else [])
-
-
 class DiffusionGemmaLM(nn.Module):
     lora_exclude = r"\.vision_tower\.|\.embed_vision\."  # text-only: the vision tower gets no adapters
 
-    def __init__(self, hf_model, adapter: FamilyAdapter, hf_config: dict, family: str = "diffusion_gemma"):
+    def __init__(self, hf_model, arch: ModelArch, adapter: FamilyAdapter, hf_config: dict, family: str = "diffusion_gemma"):
         super().__init__()
         # The wrapper owns transformers' children directly (same state-dict keys as the published checkpoint);
         # the transformers object is kept unregistered for its save_pretrained / generate.
@@ -84,7 +73,7 @@ class DiffusionGemmaLM(nn.Module):
         object.__setattr__(self, "hf", hf_model)
         self.adapter, self.hf_config, self.family = adapter, dict(hf_config), family
         self.text_config = hf_model.config.get_text_config()
-        self.arch = arch_of(hf_config["text_config"])
+        self.arch = arch
         self.softcap = self.text_config.final_logit_softcapping
         share_encoder_modules(self)
         for p in self.vision_parameters():
@@ -141,15 +130,28 @@ class DiffusionGemmaLM(nn.Module):
         return torch.tanh(z / self.softcap) * self.softcap if self.softcap else z
 
     # --- training / scoring forward --------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask=None, position_ids=None, *, layout: Optional[CanvasLayout] = None,
-                logits_rows: Optional[torch.Tensor] = None, return_hidden: bool = False, compute_logits: bool = True,
-                **unused) -> ModelOutput:
-        unknown = set(unused) - {"use_cache", "return_dict", "output_attentions", "output_hidden_states"}
-        if unknown:
-            raise TypeError(f"DiffusionGemmaLM.forward() got unexpected keyword argument(s) {sorted(unknown)}")
+    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None, *, layout: Optional[CanvasLayout] = None,
+                request: Optional[LogitsRequest] = None) -> ModelOutput:
+        """The training / scoring forward over ``[clean encoder ids ; canvas ids]``.
+
+        Args:
+            input_ids: [B, Le + C]: the clean context (``layout.enc_len`` = Le tokens) then the noisy canvases.
+            attention_mask, position_ids: not used (the layout carries masks and positions); accepted so callers
+                pass the native model's arguments unchanged.
+            layout: the ``CanvasLayout`` (required): encoder / decoder positions, masks, self-conditioning coins.
+            request: which rows get logits / hidden states (``LogitsRequest``; default: logits of every row). The
+                rows are selected after the final norm (the encoder-decoder stack runs every row).
+        Returns:
+            ``ModelOutput`` over the rows ``[encoder rows ; canvas rows]`` ([B, Le + C, .], or as ``request``
+            selects): encoder row i predicts token i+1, canvas row j the clean token of canvas position j. Logits
+            are fp32 and soft-capped.
+        """
+        request = request or ALL_LOGITS
         if not isinstance(layout, CanvasLayout):
             raise ValueError(f"{self.family} is an encoder-decoder model: its forward takes [clean context ; canvas] ids "
                              f"with a dare.models.canvas.CanvasLayout (layout=...); sampling goes through dare.rollout")
+        request.check(input_ids.shape[0], input_ids.shape[1])
         Le = layout.enc_len
         sw = self.sliding_window
         enc_ids, canvas = input_ids[:, :Le], input_ids[:, Le:]
@@ -167,11 +169,11 @@ class DiffusionGemmaLM(nn.Module):
                 sc_logits = self.logits_of(first).to(self.model.decoder.embed_tokens.weight.dtype)
             sc_mask = layout.self_condition.bool()
         enc, dec = self._encode_decode(enc_ids, enc_masks, layout.enc_pos, canvas, dec_masks, layout.dec_pos, sc_logits, sc_mask)
-        h = torch.cat([enc, dec], dim=1)
-        logits = None
-        if compute_logits:
-            logits = self.logits_of(h[logits_rows] if logits_rows is not None else h)
-        return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
+        h = take_rows(torch.cat([enc, dec], dim=1), request.rows)
+        if request.keep is not None:
+            h = h[request.keep]
+        logits = self.logits_of(h) if request.logits else None
+        return ModelOutput(logits=logits, hidden_states=h if request.hidden else None)
 
     def _encode_decode(self, enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, sc_logits, sc_mask):
         """(encoder, decoder) final hidden states of the differentiated pass, the layers run as pairs: encoder layer i
@@ -260,7 +262,6 @@ class DiffusionGemmaLM(nn.Module):
     # --- saving ----------------------------------------------------------------------------------
     def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 5 * 2**30) -> None:
         """transformers' ``save_pretrained``: config.json + safetensors in the published layout."""
-        from .families.diffusion_gemma import quiet_transformers
         self.retie()
         with quiet_transformers():
             self.hf.save_pretrained(str(path), max_shard_size=max_shard_bytes)
@@ -285,3 +286,76 @@ def parameters_on_meta():
         yield
     finally:
         nn.Module.register_parameter = register
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' per-call progress bars (loading / writing shards) stay out of dare's logs."""
+    from transformers.utils import logging as hf_logging
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+# --- the builder (``dare.models.builder.BUILDERS["diffusion_gemma"]``) ------------------------------------------------
+def _require_transformers_model(spec: FamilySpec) -> None:
+    try:
+        import transformers.models.diffusion_gemma  # noqa: F401
+    except ImportError as e:
+        raise UnsupportedModelError(f"{spec.name} needs transformers >= 5.x with transformers.models.diffusion_gemma "
+                                    f"(pip install -U transformers): {e}") from e
+
+
+def _hf_config(cfg: dict, attn: str = "sdpa"):
+    """transformers' ``DiffusionGemmaConfig`` of a config.json dict (``tiny(num_layers=n)``: n - 1 sliding layers and a
+    full last one when the layer types do not say)."""
+    from transformers import DiffusionGemmaConfig
+    cfg = json.loads(json.dumps(cfg))
+    text = cfg.get("text_config", {})
+    n = text.get("num_hidden_layers")
+    if n and len(text.get("layer_types") or []) != n:
+        text["layer_types"] = ["sliding_attention"] * (n - 1) + ["full_attention"]
+    config = DiffusionGemmaConfig.from_dict(cfg)
+    config._attn_implementation = attn
+    return config
+
+
+def build_diffusion_gemma(spec: FamilySpec, cfg: dict, mask_token_id: int = -1, dtype=None, device=None,
+                          attn_backend: str = "auto", init: bool = True) -> DiffusionGemmaLM:
+    """transformers' model of ``cfg`` behind dare's API (random init, or parameters on the meta device)."""
+    _require_transformers_model(spec)
+    from transformers import DiffusionGemmaForBlockDiffusion
+    arch, adapter = spec.arch(cfg), spec.adapter(cfg, mask_token_id)
+    config = _hf_config(cfg)
+    if init:
+        model = DiffusionGemmaLM(DiffusionGemmaForBlockDiffusion(config), arch, adapter, cfg, spec.name)
+        return model.to(dtype=dtype, device=device)
+    with parameters_on_meta():
+        return DiffusionGemmaLM(DiffusionGemmaForBlockDiffusion(config), arch, adapter, cfg, spec.name)
+
+
+def load_diffusion_gemma(spec: FamilySpec, folder: Path, cfg: dict, mask_token_id: int, dtype,
+                         attn_backend: str = "auto") -> DiffusionGemmaLM:
+    """transformers' ``from_pretrained`` of ``folder``; a missing, unexpected or misshapen tensor is a
+    ``CheckpointError`` naming it (transformers itself only warns)."""
+    _require_transformers_model(spec)
+    from transformers import DiffusionGemmaForBlockDiffusion
+    arch, adapter = spec.arch(cfg), spec.adapter(cfg, mask_token_id)
+    try:
+        with quiet_transformers():
+            hf, info = DiffusionGemmaForBlockDiffusion.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa",
+                                                                   output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{folder}: transformers could not load this DiffusionGemma checkpoint: {e}") from e
+    missing = [k for k in info.get("missing_keys", []) if k not in hf.all_tied_weights_keys]
+    problems = {"missing": missing, "unexpected": list(info.get("unexpected_keys", [])),
+                "mismatched": [str(m) for m in info.get("mismatched_keys", [])]}
+    bad = {k: v for k, v in problems.items() if v}
+    if bad:
+        detail = "; ".join(f"{k} tensor(s) {', '.join(v[:8])}{' ...' if len(v) > 8 else ''}" for k, v in bad.items())
+        raise CheckpointError(f"{folder}: {detail} (config.json implies another architecture)")
+    return DiffusionGemmaLM(hf, arch, adapter, cfg, spec.name)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import planning
+
 # Native per-expert names as the families map the published checkpoints (and save them back).
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<param>gate_up_proj|down_proj)$")
@@ -47,12 +49,11 @@ class Routing(NamedTuple):
 
 def route(idx: torch.Tensor, num_experts: int) -> Routing:
     """Sort the router's choices ``idx`` [T, k] by expert. In a ``dare plan`` simulation the router's outputs have
-    no values: there every expert gets the same number of tokens (``dare.plan.simulate.balanced_routing``)."""
-    from ..plan import simulate
-    sim = simulate.active()
-    if sim is not None and simulate.is_fake(idx):
+    no values: there every expert gets the same number of tokens (``PlanningSimulation.balanced_routing``)."""
+    sim = planning.active()
+    if sim is not None and planning.is_fake(idx):
         sim.assume("MoE routing balanced (every expert the same number of tokens)")
-        return simulate.balanced_routing(sim, idx.shape[0], idx.shape[1], num_experts, idx.device)
+        return sim.balanced_routing(idx.shape[0], idx.shape[1], num_experts, idx.device)
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
     return Routing(order, order // idx.shape[1], torch.bincount(flat, minlength=num_experts))

@@ -121,7 +121,3 @@ def _retie(model: torch.nn.Module) -> None:
     retie = getattr(model, "retie", None)
     if retie is not None:
         retie()
-
-
-def lora_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items() if "lora_" in k}

@@ -2,21 +2,19 @@
 
 ``model(input_ids, attention_mask=None, position_ids=None).logits`` returns raw logits exactly as the
 family's reference code does (Dream unshifted; use ``model.adapter.prediction_logits``). Beyond the HF-style
-call it takes what diffusion samplers and trainers need:
+call it takes what diffusion samplers and trainers need (``forward`` documents each argument):
 
 * ``past_key_values=KVCache`` with ``store_kv`` / ``kv_start`` (see ``cache.py``),
 * ``layout=TokenLayout`` for packed and block-diffusion training batches (see ``masks.py``),
-* ``logits_rows`` to run the LM head only on the positions a loss or a sampler reads, or ``logits_at`` (a slice or
-  per-row positions): logits ``[B, n, V]`` of those rows, and the last layer computes queries, attention and MLP
-  only for them (every row still gives its keys and values),
-* ``logits_keep`` (bool over the rows ``logits_at`` selects): logits of the kept rows only, packed ``[k, V]`` in
-  row-major order; the last layer's MLP, the final norm and the LM head run only for them (samplers: masked positions),
-* ``return_hidden`` / ``compute_logits=False`` for chunked linear + cross-entropy.
+* ``request=LogitsRequest(...)`` (``outputs.py``): which rows get logits and/or hidden states. ``rows`` (a slice or
+  per-row positions) makes the last layer compute queries, attention and MLP only for them (every row still gives
+  its keys and values); ``keep`` (bool over those rows) packs the kept rows ``[k, V]`` and runs the last MLP, the
+  final norm and the LM head for them alone (samplers: masked positions); ``LogitsRequest.hidden_states()`` returns
+  the final hidden states for chunked linear + cross-entropy.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
@@ -27,14 +25,16 @@ from . import masks
 from .adapter import FamilyAdapter
 from .arch import ModelArch
 from .cache import KVCache
+from .checkpoint import save_pretrained
 from .fused import FusedProjections
 from .lean import lean_layer, run_compiled, snapshot_layer, stack_signature
 from .sequence_parallel import SequenceGroup, check_heads
-from .modules import AttnInputs, DecoderLayer, QuerySel, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
+from .modules import AttnInputs, DecoderLayer, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
+from .outputs import ALL_LOGITS, LogitsRequest, ModelOutput, QuerySel
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
 # CPU GEMM kernels round a row differently when the product has fewer rows than this (a small-M code path), so
-# packed ``logits_keep`` rows are padded up to it: a kept row then gets the bits it gets among all rows.
+# packed ``LogitsRequest.keep`` rows are padded up to it: a kept row then gets the bits it gets among all rows.
 MIN_EXACT_GEMM_ROWS = 16
 
 
@@ -47,12 +47,6 @@ def _kept_rows(keep: torch.Tensor) -> tuple[torch.Tensor, int]:
     if pad > 0:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     return flat, k
-
-
-@dataclass
-class ModelOutput:
-    logits: Optional[torch.Tensor]
-    hidden_states: Optional[torch.Tensor] = None
 
 
 class Backbone(nn.Module):
@@ -183,18 +177,18 @@ class DiffusionLM(nn.Module):
             return AttnInputs(mask=None if bool(mask.all()) else mask, cache=cache)
         return AttnInputs(cache=cache)
 
-    def _check_sequence_parallel(self, sp: SequenceGroup, ids: torch.Tensor, cache, *row_args) -> slice:
+    def _check_sequence_parallel(self, sp: SequenceGroup, ids: torch.Tensor, cache, request: LogitsRequest) -> slice:
         """The positions this rank owns in a sequence-parallel forward (errors for what it cannot do)."""
-        if cache is not None or any(a is not None for a in row_args):
-            raise ValueError("a sequence-parallel forward takes no KV cache and no logits_rows / logits_at / "
-                             "logits_keep (it returns this rank's hidden states; see score_targets)")
+        if cache is not None or request.rows is not None or request.keep is not None:
+            raise ValueError("a sequence-parallel forward takes no KV cache and no row selection (LogitsRequest rows / "
+                             "keep): it returns this rank's hidden states; see score_targets")
         if ids.shape[1] % sp.size:
             raise ValueError(f"a sequence-parallel forward needs a length divisible by distributed.sequence_parallel="
                              f"{sp.size}, got {ids.shape[1]} (score_targets pads it)")
         check_heads(self.arch.num_heads, self.arch.num_kv_heads, sp.size)
         return sp.local(ids.shape[1])
 
-    def _compiled_step(self, lean, cache: Optional[KVCache], prune: bool, logits_at, B: int, L: int):
+    def _compiled_step(self, lean, cache: Optional[KVCache], prune: bool, sel: Optional[QuerySel], B: int, L: int):
         """(stack signature, KV slots, last-layer query rows) when this forward runs the compiled stack
         (``decoding(compile=True)``, every layer lean, a cached step that does not store and attends to whole buffers,
         rows a plain slice)."""
@@ -202,10 +196,10 @@ class DiffusionLM(nn.Module):
         if lean is None or signature is None or not prune or cache is None:
             return None
         rows = None
-        if logits_at is not None:
-            if not isinstance(logits_at, slice):  # per-row positions: a gather the graph would specialise on
+        if sel is not None:
+            if not isinstance(sel, slice):  # per-row positions: a gather the graph would specialise on
                 return None
-            rows = range(L)[logits_at]
+            rows = range(L)[sel]
             if rows.step != 1:
                 return None
         slots = cache.slot_writes(B)
@@ -222,22 +216,37 @@ class DiffusionLM(nn.Module):
         store_kv: bool = False,
         kv_start: Optional[int] = None,
         layout: Optional[masks.TokenLayout] = None,
-        logits_rows: Optional[torch.Tensor] = None,
-        logits_at: Optional[QuerySel] = None,
-        logits_keep: Optional[torch.Tensor] = None,
-        return_hidden: bool = False,
-        compute_logits: bool = True,
+        request: Optional[LogitsRequest] = None,
         inputs_embeds: Optional[torch.Tensor] = None,
         sequence_parallel: Optional[SequenceGroup] = None,
-        **unused,
     ) -> ModelOutput:
-        unknown = set(unused) - {"use_cache", "return_dict", "output_attentions", "output_hidden_states"}
-        if unknown:  # HF-style flags are accepted and ignored; anything else is a caller bug
-            raise TypeError(f"DiffusionLM.forward() got unexpected keyword argument(s) {sorted(unknown)}")
+        """Raw logits (and/or final hidden states) of a batch, exactly as the family's reference code computes them.
+
+        Args:
+            input_ids: token ids [B, L] (ignored where ``inputs_embeds`` is given, except for its shape).
+            attention_mask: 2D padding mask [B, L] (positions default to its cumsum - 1, so left padding is exact;
+                with a KV cache it covers every visible key, [B, cache + L]), or an explicit 4D bool / additive mask
+                [B, 1, L, Lk]. None: every position valid (block-causal families mask by blocks themselves).
+            position_ids: [B, L] or [L]; default from the mask, the layout, or ``kv_start + arange(L)`` with a cache.
+            past_key_values: a ``KVCache`` (``model.new_cache()``): the new keys and values are written at
+                ``kv_start`` (default: the cached length) and attention sees ``cache[:max(length, kv_start + L)]``.
+            store_kv: advance the cache's length past the written slots (False: a scratch step that is overwritten).
+            kv_start: the cache slot of the first new position.
+            layout: a ``TokenLayout`` (packed documents, ``[x_t ; x_0]`` block-diffusion training rows) instead of the
+                mask; positions come from it.
+            request: which rows get logits / hidden states (``LogitsRequest``; default: logits of every row).
+            inputs_embeds: input embeddings [B, L, H] instead of looking up ``input_ids``.
+            sequence_parallel: a ``SequenceGroup``: this rank runs its slice of the sequence (no cache, no row
+                selection) and returns its own rows' hidden states.
+        Returns:
+            ``ModelOutput``: ``logits`` [B, L, V] (fp as the weights; [B, n, V] with ``request.rows``, [k, V] with
+            ``request.keep``) and ``hidden_states`` of the same rows, each None when not requested.
+        """
+        request = request or ALL_LOGITS
         sp = sequence_parallel
         if sp is not None:
             own = self._check_sequence_parallel(sp, input_ids if inputs_embeds is None else inputs_embeds,
-                                                past_key_values, logits_rows, logits_at, logits_keep)
+                                                past_key_values, request)
             x = self.model.embed_tokens(input_ids[:, own]) if inputs_embeds is None else inputs_embeds[:, own]
             B, L = x.shape[0], x.shape[1] * sp.size  # masks and positions span the whole sequence
         else:
@@ -254,16 +263,9 @@ class DiffusionLM(nn.Module):
                 position_ids = torch.arange(start, start + L, device=x.device).expand(B, L)
         elif position_ids.dim() == 1:
             position_ids = position_ids[None].expand(B, L)
-        if logits_rows is not None and (logits_at is not None or logits_keep is not None):
-            raise ValueError("pass logits_rows or logits_at / logits_keep, not both")
-        keep, n_keep = None, 0
-        if logits_keep is not None:
-            n_at = L if logits_at is None else (
-                len(range(L)[logits_at]) if isinstance(logits_at, slice) else logits_at.shape[1])
-            if tuple(logits_keep.shape) != (B, n_at):
-                raise ValueError(f"logits_keep must be [batch, rows of logits_at] = {[B, n_at]}, got "
-                                 f"{list(logits_keep.shape)}")
-            keep, n_keep = _kept_rows(logits_keep)
+        request.check(B, L)
+        rows = request.rows
+        keep, n_keep = _kept_rows(request.keep) if request.keep is not None else (None, 0)
         if cache is not None:
             cache.begin(L, kv_start, store_kv)
         try:
@@ -272,25 +274,25 @@ class DiffusionLM(nn.Module):
                 attn.sequence = sp
                 position_ids = position_ids[:, own]
             cos, sin = self.rotary(position_ids, x.dtype)
-            # Rows nobody reads leave at the last layer (the fused attention kernels take whole rows only). Not
-            # with a sparse-MoE last layer: its expert GEMMs group the tokens, and fewer of them change the bits.
+            # Rows nobody reads leave at the last layer (the fused attention kernels take whole rows only). Not with
+            # a sparse-MoE last layer: its expert GEMMs group the tokens, and fewer of them change the bits.
             prune = (attn.block_mask is None and attn.cu_seqlens is None and bool(self.model.layers)
                      and not isinstance(self.model.layers[-1].mlp, SparseMoE) and sp is None)
             last = len(self.model.layers) - 1
             lean = None if torch.is_grad_enabled() else self.__dict__.get("_lean")
-            step = self._compiled_step(lean, cache, prune, logits_at, B, L)
+            step = self._compiled_step(lean, cache, prune, rows, B, L)
             if step is not None:
                 x = run_compiled(lean, x, cos, sin, attn.mask, *step, keep)
             for i, layer in enumerate(self.model.layers if step is None else ()):
-                rows, kept = (logits_at, keep) if prune and i == last else (None, None)
+                sel, kept = (rows, keep) if prune and i == last else (None, None)
                 if lean is not None and lean[i] is not None:
-                    x = lean_layer(lean[i], x, cos, sin, attn, rows, kept)
+                    x = lean_layer(lean[i], x, cos, sin, attn, sel, kept)
                 elif self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                    x = checkpoint(layer, x, cos, sin, attn, rows, kept, use_reentrant=False)
+                    x = checkpoint(layer, x, cos, sin, attn, sel, kept, use_reentrant=False)
                 else:
-                    x = layer(x, cos, sin, attn, rows, kept)
+                    x = layer(x, cos, sin, attn, sel, kept)
             if not prune:
-                x = take_rows(x, logits_at)
+                x = take_rows(x, rows)
                 if keep is not None:
                     x = pack_rows(x, keep)
         finally:
@@ -298,14 +300,14 @@ class DiffusionLM(nn.Module):
                 cache.end()
         h = self.model.norm(x)
         logits = None
-        if compute_logits:
-            logits = self.lm_head(h[logits_rows] if logits_rows is not None else h)
+        if request.logits:
+            logits = self.lm_head(h)
             if keep is not None:
                 logits = logits[:n_keep]  # drop the padding rows (after the last GEMM)
         if keep is not None:
             h = h[:n_keep]
-        return ModelOutput(logits=logits, hidden_states=h if return_hidden else None)
+        return ModelOutput(logits=logits, hidden_states=h if request.hidden else None)
 
     def save_pretrained(self, path, tokenizer=None, max_shard_bytes: int = 5 * 2**30) -> None:
-        from .loading import save_pretrained
+        """config.json + safetensors in the family's published layout (``dare.models.checkpoint.save_pretrained``)."""
         save_pretrained(self, path, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)

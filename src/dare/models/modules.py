@@ -6,7 +6,7 @@ group-limited routing. Module and parameter names follow Hugging Face Llama/Qwen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,8 +14,10 @@ from torch import nn
 
 from .arch import ModelArch, MoESpec
 from .cache import KVCache
+from . import planning
 from .experts import GroupedExperts, route
 from .fused import FusedProjections
+from .outputs import QuerySel
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -95,8 +97,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_preci
         out = xr * cos + xr.roll(rot // 2, -1) * sin
     return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
 
-
-QuerySel = Union[slice, torch.Tensor]
 
 
 def take_rows(t: torch.Tensor, sel: Optional[QuerySel], dim: int = 1) -> torch.Tensor:
@@ -264,9 +264,8 @@ def planned_attention(q, k, v, mask, scale: float, gqa: bool):
     """None, except in a ``dare plan`` simulation for CUDA: there attention is CUDA's memory-efficient kernel
     (output and log-sum-exp kept, no [L, L] probabilities), what SDPA and FlexAttention do on a GPU; the CPU
     kernels a fake CPU tensor would otherwise take keep the probabilities."""
-    from ..plan import simulate
-    sim = simulate.active()
-    if sim is None or not sim.cuda_kernels or not simulate.is_fake(q):
+    sim = planning.active()
+    if sim is None or not sim.cuda_kernels or not planning.is_fake(q):
         return None
     sim.assume("attention as CUDA's memory-efficient kernel (no [L, L] probabilities kept)")
     if gqa:

@@ -13,8 +13,7 @@ from torch import nn
 
 from .experts import GroupedExperts
 from .families import get_family
-from .loading import build_model
-from .model import DiffusionLM
+from .builder import build_model
 
 FAMILY_ALIASES = {"lladamoe": "llada_moe", "llada-moe": "llada_moe", "llada2": "llada2_moe", "sdarmoe": "sdar_moe",
                   "sdar-moe": "sdar_moe", "llada2.1": "llada2_moe", "llada21": "llada2_moe",
@@ -89,7 +88,7 @@ def init_weights(model: nn.Module, std: float = 0.02, generator: Optional[torch.
                 p.normal_(0.0, std, generator=generator)
 
 
-def tiny(family: str = "llada", tokenizer=None, seed: int = 0, dtype=torch.float32, std: float = 0.02, **overrides) -> DiffusionLM:
+def tiny(family: str = "llada", tokenizer=None, seed: int = 0, dtype=torch.float32, std: float = 0.02, **overrides) -> nn.Module:
     """A randomly initialised tiny model of ``family`` (llada, llada_moe, dream, sdar, sdar_moe, llada2_moe,
     diffusion_gemma).
 

@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from .loading import resolve_path
+
 log = logging.getLogger(__name__)
 
 # Custom tokenizer classes named by published checkpoints -> the stock transformers class they are.
@@ -25,7 +27,6 @@ def _tokenizer_folder(path_or_id) -> Path:
     p = Path(path_or_id).expanduser()
     if p.is_dir():
         return p
-    from .loading import resolve_path
     return resolve_path(path_or_id)
 
 

@@ -112,12 +112,12 @@ class SimulatedRollout(RolloutStage):
         return dataclasses.replace(sampler, record_trajectory=False, rcr=False, editing_threshold=None)
 
     def decode(self, prompts, seeds, model, sampler):
+        from ..collectives import gathered_for_inference
         from ..rollout import generate
-        from ..trainer.distributed import gathered_for_inference
         if model.adapter.is_encoder_decoder:
             # The canvas sampler's passes stop adaptively and cannot pause (``steps_per_block``): plan the rest of
             # the step, and say that the decode itself is missing from the rollout's peak and FLOPs.
-            from .simulate import active
+            from ..models.planning import active
             sim = active()
             if sim is not None:
                 sim.assume("rollout: the canvas sampler cannot pause, so its decoding forwards are not planned "
@@ -142,7 +142,7 @@ class SimulatedRollout(RolloutStage):
 
     def _completed(self, prompts, model, sampler):
         """A finished rollout of the kept prompts: every completion ``gen_length`` ordinary tokens."""
-        from ..rollout.api import Rollout
+        from ..rollout.result import Rollout
         ids = torch.tensor(prompts["prompt_tokens"][:self.kept], dtype=torch.long).repeat_interleave(self.group, 0)
         N, P, G = ids.shape[0], ids.shape[1], sampler.gen_length
         avoid = special_ids(model.adapter)
@@ -160,7 +160,7 @@ class SimulatedRollout(RolloutStage):
 
     @staticmethod
     def _trajectory(comp, S: int, model):
-        from ..rollout.api import Trajectory
+        from ..rollout.result import Trajectory
         N, G = comp.shape
         revealed = (torch.arange(G)[None, :] < (torch.arange(S)[:, None] * G // S))  # [S, G] before step s
         states = torch.where(revealed[None], comp[:, None, :], torch.tensor(model.adapter.mask_token_id))

@@ -9,7 +9,12 @@ from typing import Optional
 import torch
 
 from ..models.families import detect_family, get_family
-from ..models.loading import CheckpointError, build_model, parse_dtype, resolve_mask_token_id
+from ..models.builder import build_model
+from ..models.checkpoint import CheckpointError
+from ..models.loading import parse_dtype, resolve_mask_token_id
+from ..models.model_spec import is_tiny, tiny_family
+from ..models.tiny_model import tiny_config
+from ..models.tokenizer import tiny_tokenizer
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -33,12 +38,9 @@ def _hub_config(hub_id: str) -> tuple[dict, Optional[Path]]:
 
 def model_config(model_cfg) -> tuple[dict, Optional[int], str]:
     """(config dict, mask token id or None, where it came from) for a recipe's ``model`` section."""
-    from ..models.tiny_model import tiny_config
-    from ..trainer.model_setup import TINY_PREFIX
     path = model_cfg.path
-    if path.startswith(TINY_PREFIX):
-        from ..models.tokenizer import tiny_tokenizer
-        cfg, mask_id = tiny_config(path[len(TINY_PREFIX):], tiny_tokenizer(), **model_cfg.tiny_sizes)
+    if is_tiny(path):
+        cfg, mask_id = tiny_config(tiny_family(path), tiny_tokenizer(), **model_cfg.tiny_sizes)
         return cfg, mask_id, f"tiny config of {path}"
     folder = Path(path).expanduser()
     if folder.is_dir():

@@ -395,7 +395,7 @@ def _sources(recipe, algo, tokenizer, env, adapter, vocab: int, prompt_length: i
 
 def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -> Plan:
     """Plan one steady-state step of ``recipe`` on ``options.gpus`` GPUs (see the module docstring)."""
-    from ..algorithms.base import build_algorithm
+    from ..algorithms.registry import build_algorithm
     from ..trainer.assemble import Placement, assemble
     from ..trainer.distributed import DistEnv
     from ..trainer.loop import Trainer

@@ -26,6 +26,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
+from ..models import planning
+from ..models.planning import is_fake
+
 aten = torch.ops.aten
 
 # A factory (no tensor input) is materialised for real below this size, except FSDP's own buffers (always fake).
@@ -34,33 +37,7 @@ aten = torch.ops.aten
 # autograd records the write, so the backward through the model still runs in full.
 REAL_FACTORY_BYTES = 32 * 2**20
 
-_state: dict = {"active": None, "propagating": 0, "fsdp": 0}
-
-
-def is_fake(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-    return isinstance(t, FakeTensor)
-
-
-def active() -> Optional["Simulation"]:
-    """The running simulation, or None (model code asks this where a value cannot be known without weights)."""
-    return _state["active"]
-
-
-def balanced_routing(sim: "Simulation", num_tokens: int, top_k: int, num_experts: int, device):
-    """``dare.models.experts.Routing`` that gives every expert the same number of tokens (+-1), k distinct experts
-    per token. Made once per shape on ``sim`` (every MoE layer of a pass routes alike) as fake tensors, so they are
-    not converted at each use."""
-    from ..models.experts import Routing
-    key = (num_tokens, top_k, num_experts, str(device))
-    if key not in sim._routing:
-        with _disable_current_modes():
-            flat = torch.arange(num_tokens * top_k, device=device) % num_experts
-            order = torch.argsort(flat, stable=True)
-            counts = torch.bincount(flat, minlength=num_experts)
-            sim._routing[key] = Routing(*(sim.fake.from_tensor(t) for t in (order, order // top_k, counts)),
-                                        host=tuple(counts.tolist()))
-    return sim._routing[key]
+_state: dict = {"propagating": 0, "fsdp": 0}
 
 
 def _meta_outputs(func, args, kwargs) -> Optional[list]:
@@ -232,18 +209,31 @@ class Simulation:
     def assume(self, what: str) -> None:
         self.assumptions[what] += 1
 
+    def balanced_routing(self, num_tokens: int, top_k: int, num_experts: int, device):
+        """``dare.models.experts.Routing`` that gives every expert the same number of tokens (+-1), k distinct
+        experts per token. Made once per shape (every MoE layer of a pass routes alike) as fake tensors, so they are
+        not converted at each use."""
+        from ..models.experts import Routing
+        key = (num_tokens, top_k, num_experts, str(device))
+        if key not in self._routing:
+            with _disable_current_modes():
+                flat = torch.arange(num_tokens * top_k, device=device) % num_experts
+                order = torch.argsort(flat, stable=True)
+                counts = torch.bincount(flat, minlength=num_experts)
+                self._routing[key] = Routing(*(self.fake.from_tensor(t) for t in (order, order // top_k, counts)),
+                                             host=tuple(counts.tolist()))
+        return self._routing[key]
+
     def __enter__(self) -> "Simulation":
-        if _state["active"] is not None:
-            raise RuntimeError("a planning simulation is already running")
+        planning.set_active(self)  # first: a second simulation is refused before anything is entered
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(_mark_propagation())
         self._stack.enter_context(_mark_fsdp())
         self._stack.enter_context(_chunked_foreach())
         self._stack.enter_context(self.fake)
         self._stack.enter_context(_RealData(self))
-        _state["active"] = self
         return self
 
     def __exit__(self, *exc) -> None:
-        _state["active"] = None
+        planning.set_active(None)
         self._stack.__exit__(*exc)

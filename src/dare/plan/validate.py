@@ -57,7 +57,7 @@ def _main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from ..config.recipe import load_recipe
+    from ..trainer.recipe import load_recipe
     from ..trainer.distributed import close_process_group
     torch.set_num_threads(1)
     recipe_path, out, overrides = argv[0], Path(argv[1]), argv[2:]

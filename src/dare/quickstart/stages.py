@@ -27,7 +27,7 @@ class TrainResult:
 
 
 def load_stage_recipe(path, overrides: list[str]):
-    from ..config.recipe import load_recipe
+    from ..trainer.recipe import load_recipe
     return load_recipe(path, overrides)
 
 
@@ -74,11 +74,11 @@ def eval_stage(model_path, recipe, output_dir, name: str, *, seed: int = 0, prog
     the best-of-k mean and pass@k.
     """
     from ..eval import evaluate
-    from ..eval.models import load_for_eval
+    from ..models.model_spec import load_model_spec, resolve_device
 
     ec = recipe.eval
     eval_settings(recipe)  # validates
-    model, tok = load_for_eval(str(model_path))
+    model, tok = load_model_spec(str(model_path), device=resolve_device(None))
     common = dict(limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=seed, progress=progress,
                   resume=False, reward_workers=reward_workers)
     t0 = time.perf_counter()

@@ -1,5 +1,6 @@
 """Batched diffusion samplers for every family (see ``generate`` and docs/samplers.md)."""
-from .api import Rollout, Trajectory, check_config, decode_completions, generate, resume, steps_per_block
+from .api import check_config, generate, resume, steps_per_block
+from .result import Rollout, Trajectory, decode_completions
 from .config import SamplerConfig
 from .selection import REMASKINGS, Remasking, register_remasking
 from .tree import TreeRollout, generate_tree

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models import LogitsRequest
 from . import schedule as sched
 from .config import SamplerConfig
 from .selection import REMASKINGS, propose, scale_stops, select_dynamic, select_factor, select_top, suppress_stops
@@ -116,7 +117,7 @@ class BlockForward:
                 cache = cache_rows(cache, torch.searchsorted(self.rows, rows))
             kw = dict(past_key_values=cache, kv_start=q0, store_kv=first_step)
         out = self.model(st.x[rows, q0:c1], attention_mask=self._mask(rows, q0, c1, c1), position_ids=st.pos[rows, q0:c1],
-                         logits_at=slice(c0 - q0, c1 - q0), **kw)
+                         request=LogitsRequest(rows=slice(c0 - q0, c1 - q0)), **kw)
         if self.use_cache and first_step:
             self.final = c0  # everything before this block is final now; the block's own slots are scratch
         return out.logits.float().view(n, c1 - c0, -1)

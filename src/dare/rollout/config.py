@@ -11,10 +11,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .schedule import ass_block_steps
+from .selection import REMASKINGS
+
 log = logging.getLogger(__name__)
 _SAID: set = set()  # (steps, gen_length) pairs already reported, so a config copied per batch is reported once
 
-REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin", "static", "dynamic", "sequential")
 CACHES = ("none", "prefix", "dual", "block")
 SCHEDULES = ("even", "ass")
 
@@ -97,8 +99,8 @@ class SamplerConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
-        if self.remasking not in REMASKING:
-            raise ValueError(f"remasking={self.remasking!r} is not one of {', '.join(REMASKING)}")
+        if self.remasking not in REMASKINGS:  # the registry: a strategy added with register_remasking is valid here
+            raise ValueError(f"remasking={self.remasking!r} is not one of {', '.join(REMASKINGS)}")
         if self.cache not in CACHES:
             raise ValueError(f"cache={self.cache!r} is not one of {', '.join(CACHES)}")
         if self.schedule not in SCHEDULES:
@@ -109,7 +111,6 @@ class SamplerConfig:
             if self.schedule != "ass" or self.block_length != self.gen_length:
                 raise ValueError(f"ass_blocks={self.ass_blocks} (CJ-GRPO's variable-size ASS blocks) sets the block "
                                  f"structure itself: use schedule='ass' and block_length = gen_length")
-            from .schedule import ass_block_steps
             ass_block_steps(self.gen_length, self.ass_blocks)  # at most floor(log2 gen_length) blocks
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..models import LogitsRequest
 from . import schedule as sched
 from .config import SamplerConfig
 from .selection import (REMASKINGS, propose, ranks, scale_stops, select_dynamic, select_factor, select_sampled,
@@ -110,7 +111,7 @@ class MaskedForward:
             ids, valid, pos = torch.cat([ids, un]), torch.cat([valid, valid]), torch.cat([pos, pos])
             keep = None if keep is None else torch.cat([keep, keep])
         out = self.model(ids, attention_mask=None if self.all_valid else valid, position_ids=pos,
-                         logits_at=slice(c0 - self.shift - f0, c1 - self.shift - f0), logits_keep=keep,
+                         request=LogitsRequest(rows=slice(c0 - self.shift - f0, c1 - self.shift - f0), keep=keep),
                          **kw).logits.float()
         logits = out if keep is not None else out.view(ids.shape[0], c1 - c0, -1)
         if self.cfg_scale > 0:

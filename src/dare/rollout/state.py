@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ..diffusion.noise import derive_seed
+from .result import Trajectory
 
 
 # --- prompts ---------------------------------------------------------------------------------------
@@ -195,7 +196,6 @@ class DecodeState:
         self.finished[rows] |= stop.any(1)
 
     def trajectory(self):
-        from .api import Trajectory
         if not self.record:
             return None
         N, G = self.N, self.gen_length

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from ..algorithms.base import Batch
+from ..algorithms.batch import Batch
 from ..data.limits import check_characters, encode_within
 from ..data.readers import read_records
 from ..config.core import clip, shown

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+
 log = logging.getLogger(__name__)
 
 
@@ -184,37 +185,6 @@ def shard_model(model: torch.nn.Module, env: DistEnv, mixed_precision: str = "no
     # issues the same reduce-scatters (otherwise the collectives mismatch and the run hangs).
     model.set_reduce_scatter_unused_params(True)
     return model
-
-
-@contextmanager
-def gathered_for_inference(model: torch.nn.Module):
-    """All-gather FSDP2 parameters once for a phase of forward-only passes (rollouts, evaluation).
-
-    Under FSDP every forward all-gathers each layer's parameters, a collective all ranks must join. Diffusion
-    decoding runs a data-dependent number of forwards (threshold decoding, stop tokens, early stops), so a rank
-    that finishes first would leave the others waiting in an all-gather forever. Gathering once before the phase
-    and resharding after it removes every collective from the decoding loop (and an all-gather per step).
-    A no-op for models that are not sharded.
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    if not mods:
-        yield model
-        return
-    for m in mods:
-        m.set_reshard_after_forward(False, recurse=False)
-    for m in mods:
-        m.unshard()
-    try:
-        yield model
-    finally:
-        for m in mods:
-            m.reshard()
-            # FSDP2 never reshards the root after forward (the loss reads lm_head.weight right after the forward,
-            # e.g. chunked log-probs); only the layers go back to resharding.
-            if m is not model:
-                m.set_reshard_after_forward(True, recurse=False)
 
 
 def set_grad_sync(model: torch.nn.Module, enabled: bool) -> None:

@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..algorithms.base import StepContext, build_algorithm
+from ..algorithms.base import Services, StepContext
+from ..algorithms.registry import build_algorithm
 from ..config.core import to_dict
 from . import stages
 from .assemble import assemble
@@ -185,7 +186,7 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
-        services = {"tokenizer": self.tokenizer, **(self.rollout.services() if self.rollout is not None else {})}
+        services = self.rollout.services(self.tokenizer) if self.rollout is not None else Services(tokenizer=self.tokenizer)
         return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.dp_rank,
                            world_size=self.env.dp_size, chunk_size=self.recipe.train.chunk_size,
                            want_entropy=self.algo.uses_rollout, services=services,
@@ -193,7 +194,7 @@ class Trainer:
 
     def curate_prompts(self, ctx: StepContext) -> dict:
         """Ask the algorithm which training prompts to use (MDPO's ICFW); every rank tests a share of them."""
-        from .distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         source = self.source
         share = list(range(self.env.rank, len(source.prompted), self.env.world_size))
         with self._autocast(), gathered_for_inference(self.model):  # decoding: no collectives inside
@@ -226,9 +227,7 @@ class Trainer:
         with self.phase("score"), self._autocast(), sharding_sequences(self.env.sequence_group()):
             stages.prepare(self.algo, ctx, batch, self.model, self.reference, micro)  # (3)
         metrics["prepare_time"] = time.perf_counter() - t_prepare  # corruption + old / reference / companion scoring
-        adv = self.algo.advantages(ctx, batch)  # (4)
-        if adv is not None:
-            batch["advantages"] = adv
+        batch.advantages = self.algo.advantages(ctx, batch)  # (4)
         ctx.norms = self.env.all_reduce_sums(self.algo.normalizers(batch))
         sums: dict[str, float] = defaultdict(float)
         n_it = self.algo.inner_iterations
@@ -316,7 +315,7 @@ class Trainer:
         lengths are data-dependent, so no collective may run inside the decoding loop); rank 0 writes
         ``eval/step-N/`` (per-sample JSONL, results.json, results.md)."""
         from ..eval import RunOptions, evaluate
-        from .distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         ec = self.recipe.eval
         opts = RunOptions(limit=ec.limit, batch_size=ec.batch_size, template=ec.template, seed=self.recipe.train.seed,
                           resume=False, progress=False, reward_timeout=self.recipe.reward.timeout,

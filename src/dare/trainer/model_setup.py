@@ -1,76 +1,24 @@
-"""Build the policy (checkpoint folder, hub id or ``tiny:<family>``) and export the trained model in the family's
+"""Load the policy (checkpoint folder, hub id or ``tiny:<family>``) and export the trained model in the family's
 own Hugging Face layout (LoRA merged), FSDP-aware."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
-import torch
-
-from ..models import load_model
+from ..models.builder import build_model
 from ..models.families import get_family
-from ..models.loading import build_model, parse_dtype
 from ..models.lora import apply_lora, has_lora, merge_lora
+from ..models.model_spec import foreign_tokenizer, load_model_spec, warn_if_foreign_tokenizer  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-TINY_PREFIX = "tiny:"
-
 
 def load_policy(model_cfg):
-    """(model, tokenizer) for ``model.path``; ``tiny:<family>`` builds a random tiny model with the tiny tokenizer."""
-    from ..models.tokenizer import load_tokenizer, tiny_tokenizer
-    from ..models.tiny_model import tiny
-
-    dtype = parse_dtype(model_cfg.dtype)
-    if model_cfg.path.startswith(TINY_PREFIX):
-        family = model_cfg.path[len(TINY_PREFIX):]
-        tok = tiny_tokenizer()
-        model = tiny(family, tokenizer=tok, seed=model_cfg.tiny_seed, dtype=dtype or torch.float32, **model_cfg.tiny_sizes)
-        model.set_attn_backend(model_cfg.attn_backend)
-        model.name_or_path = model_cfg.path
-        return model, tok
-    if model_cfg.tiny_sizes:
-        raise ValueError("model.tiny_sizes only applies to model.path: tiny:<family>")
-    model = load_model(model_cfg.path, dtype=dtype, attn_backend=model_cfg.attn_backend, mask_token_id=model_cfg.mask_token_id)
-    # "tiny": the character tokenizer (test checkpoints such as tests/assets/fixtures/* ship no tokenizer).
-    tok = tiny_tokenizer() if model_cfg.tokenizer == "tiny" else load_tokenizer(model_cfg.tokenizer or model_cfg.path)
-    if len(tok) > model.arch.vocab_size:
-        raise ValueError(f"the tokenizer has {len(tok)} tokens but the model's vocabulary is {model.arch.vocab_size}")
-    if tok.eos_token_id is None:
-        raise ValueError(f"the tokenizer of {model_cfg.tokenizer or model_cfg.path} has no EOS token; SFT answers need one")
-    warn_if_foreign_tokenizer(model, tok, model_cfg.tokenizer or model_cfg.path, model_cfg.path)
-    return model, tok
-
-
-def foreign_tokenizer(model, tok, tokenizer_name, model_name) -> Optional[str]:
-    """One line when ``tok`` has fewer tokens than the model's vocabulary *and* other special ids than the model's
-    adapter (EOS, mask, pad): the signature of another model's tokenizer. Training then runs and generation returns
-    empty completions (the model stops at ids this tokenizer does not use), without an error. None otherwise (a
-    vocabulary padded beyond the tokenizer, as most published models have, is normal)."""
-    vocab, adapter = model.arch.vocab_size, model.adapter
-    if len(tok) >= vocab:
-        return None
-    differ = []
-    eos, mask, pad = tok.eos_token_id, getattr(tok, "mask_token_id", None), tok.pad_token_id
-    if eos is not None and eos not in adapter.all_stop_ids:
-        differ.append(f"EOS {eos} vs {adapter.eos_token_id}")
-    if mask is not None and mask != adapter.mask_token_id:
-        differ.append(f"mask {mask} vs {adapter.mask_token_id}")
-    if pad is not None and adapter.pad_token_id is not None and pad != adapter.pad_token_id:
-        differ.append(f"pad {pad} vs {adapter.pad_token_id}")
-    if not differ:
-        return None
-    return (f"the tokenizer {tokenizer_name} ({len(tok)} tokens) is smaller than the model {model_name} ({vocab} ids) "
-            f"and has other special ids ({', '.join(differ)}; tokenizer vs model): it looks like another model's "
-            f"tokenizer, and generations may come back empty; give the model's own tokenizer")
-
-
-def warn_if_foreign_tokenizer(model, tok, tokenizer_name, model_name) -> None:
-    problem = foreign_tokenizer(model, tok, tokenizer_name, model_name)
-    if problem:
-        log.warning(problem)
+    """(model, tokenizer) for a recipe's ``model`` section (``model.path``: ``tiny:<family>``, a checkpoint folder or
+    a hub id), through the loader evaluation and ``dare generate`` use (``dare.models.model_spec``)."""
+    return load_model_spec(model_cfg.path, dtype=model_cfg.dtype, attn_backend=model_cfg.attn_backend,
+                           mask_token_id=model_cfg.mask_token_id, tokenizer=model_cfg.tokenizer,
+                           tiny_seed=model_cfg.tiny_seed, tiny_sizes=model_cfg.tiny_sizes)
 
 
 def full_state_dict(model, env) -> dict:

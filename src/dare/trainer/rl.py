@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ..algorithms.base import Batch, StepContext
+from ..algorithms.base import Services, StepContext
+from ..algorithms.batch import Batch, RLBatch
 from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
 from ..rewards.speed import rollout_info
 from .data import EpochSampler
@@ -201,14 +202,15 @@ class RolloutStage:
                 "completion_len": sums["len_sum"] / max(sums["n"], 1.0), "rollout_time": rollout_time,
                 "reward_time": reward_time, "nfe": float(nfe)}
 
-    def score_completion_ids(self, batch: Batch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+    def score_completion_ids(self, batch: RLBatch, completion_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
         """Reward of arbitrary completions of the batch's samples (e.g. MDPO's intermediate predictions)."""
-        examples = [batch["examples"][int(i)] for i in sample_index.tolist()]
-        return self.score_ids(completion_ids, examples, batch.meta["stop_token_ids"])
+        examples = [batch.examples[int(i)] for i in sample_index.tolist()]
+        return self.score_ids(completion_ids, examples, batch.stop_token_ids)
 
-    def services(self) -> dict:
+    def services(self, tokenizer=None) -> Services:
         """What RL hooks may use (``ctx.services``): the recipe's sampler and reward scoring of token ids."""
-        return {"rollout_sampler": self.recipe.rollout.sampler, "score_ids": self.score_ids}
+        return Services(tokenizer=tokenizer, rollout_sampler=self.recipe.rollout.sampler, score_ids=self.score_ids,
+                        score_completions=self.score_completion_ids)
 
     def decode(self, prompts: Batch, seeds: list[int], model, sampler):
         """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``.
@@ -217,7 +219,7 @@ class RolloutStage:
         group exchanges the rollouts, so every rank holds the whole batch (decoding is not sequence-parallel, and
         would otherwise be repeated N times)."""
         from ..rollout import generate
-        from .distributed import gathered_for_inference
+        from ..collectives import gathered_for_inference
         sp = self.env.sequence_group()
         start, stop = rollout_share(len(seeds), sp)
         chunk = self.recipe.rollout.micro_batch_size or max(stop - start, 1)
@@ -228,7 +230,7 @@ class RolloutStage:
             parts = _gathered_in_group(parts, sp, self.env.device)
         return _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
 
-    def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[Batch, dict]:
+    def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[RLBatch, dict]:
         """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
         them; returns the RL batch."""
         sampler = sampler or self.recipe.rollout.sampler
@@ -245,11 +247,9 @@ class RolloutStage:
         dev = ro.completion_ids.device
         group = prompts["uid"].cpu()[prompt_of]
         sample = ro.sample_index.cpu() if ro.sample_index is not None else torch.arange(len(prompt_of)) % self.group
-        batch = Batch(uid=group * self.group + sample, group=group, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask.bool(),
-                      completion_ids=ro.completion_ids, completion_mask=ro.completion_mask.bool(), step_map=ro.step_map,
-                      rewards=rewards.to(dev), examples=examples, completions=texts,
-                      meta={"stop_token_ids": ro.stop_token_ids, "nfe": ro.nfe})
-        if ro.trajectory is not None:
-            batch["trajectory"] = ro.trajectory
-        ctx.services["score_completions"] = self.score_completion_ids
+        batch = RLBatch(uid=(group * self.group + sample).long(), group=group, prompt_ids=ro.prompt_ids,
+                        prompt_mask=ro.prompt_mask.bool(), completion_ids=ro.completion_ids,
+                        completion_mask=ro.completion_mask.bool(), rewards=rewards.to(dev), step_map=ro.step_map,
+                        trajectory=ro.trajectory, examples=examples, completions=texts,
+                        stop_token_ids=ro.stop_token_ids, nfe=ro.nfe)
         return batch, self.metrics(rewards, ro.completion_mask, ro.nfe, t1 - t0, t2 - t1)

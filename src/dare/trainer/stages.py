@@ -11,53 +11,66 @@ from typing import Callable, Optional
 
 import torch
 
-from ..algorithms.base import Algorithm, Batch, StepContext, concat_rows
+from ..algorithms.base import Algorithm, StepContext
+from ..algorithms.batch import concat_rows
 
 
 @torch.no_grad()
-def score_iteration(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
-                    views_key: str = "views") -> torch.Tensor:
-    """Likelihood values of ``batch[views_key][iteration]`` under ``model``, batched like the update will be."""
-    parts = [algo.log_likelihood(ctx, model, mb, mb[views_key][iteration]).value.float()
-             for mb in batch.split(micro_batch_size)]
+def score_iteration(algo: Algorithm, ctx: StepContext, model, batch, iteration: int, micro_batch_size: int,
+                    reference_views: bool = False) -> torch.Tensor:
+    """Likelihood values of the batch's views (``ref_views`` with ``reference_views``) of ``iteration`` under
+    ``model``, batched like the update will be."""
+    def views(mb):
+        return (mb.ref_views if reference_views else mb.views)[iteration]
+    parts = [algo.log_likelihood(ctx, model, mb, views(mb)).value.float() for mb in batch.split(micro_batch_size)]
     return concat_rows(parts)
 
 
-def score_iterations(algo: Algorithm, ctx: StepContext, model, batch: Batch, micro_batch_size: int,
-                     views_key: str = "views") -> dict:
+def score_iterations(algo: Algorithm, ctx: StepContext, model, batch, micro_batch_size: int,
+                     reference_views: bool = False) -> dict:
     """``score_iteration`` for every inner iteration; an iteration whose views are the very same list as an earlier
-    one's (a deterministic corruption such as a trajectory replay) reuses that iteration's scores."""
+    one's (``Algorithm.deterministic_views``) reuses that iteration's scores."""
     out: dict = {}
-    views = batch[views_key]
+    views = batch.ref_views if reference_views else batch.views
     for it in range(algo.inner_iterations):
         same = next((j for j in range(it) if views[j] is views[it]), None)
-        out[it] = out[same] if same is not None else score_iteration(algo, ctx, model, batch, it, micro_batch_size, views_key)
+        out[it] = out[same] if same is not None else score_iteration(algo, ctx, model, batch, it, micro_batch_size,
+                                                                     reference_views)
     return out
 
 
-def prepare(algo: Algorithm, ctx: StepContext, batch: Batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
-    """Stage (3): draw every inner iteration's corruption once, then score it with the pre-update policy and the
-    reference policy where the algorithm needs them, and with the algorithm's companion models. Results land in
-    ``views``, ``old_logp``, ``ref_logp`` (and ``ref_views`` when the reference has its own noise)."""
+def prepare(algo: Algorithm, ctx: StepContext, batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
+    """Stage (3): the method's per-batch state (``prepare``), every inner iteration's corruption drawn once (one
+    draw for all iterations when ``deterministic_views``), scored with the pre-update policy and the reference
+    policy where the algorithm needs them, and with the algorithm's companion models. Results land in the batch's
+    ``state``, ``views``, ``old_logp``, ``ref_logp`` (and ``ref_views`` when the reference has its own noise)."""
     n_it = algo.inner_iterations
-    batch["views"] = {it: algo.corrupt(ctx, batch, it) for it in range(n_it)}
+    state = algo.prepare(ctx, batch)
+    if state is not None:
+        batch.state = state
+    if algo.deterministic_views:
+        views = algo.corrupt(ctx, batch, 0)
+        batch.views = {it: views for it in range(n_it)}
+    else:
+        batch.views = {it: algo.corrupt(ctx, batch, it) for it in range(n_it)}
     if algo.needs_old_logp:
-        batch["old_logp"] = score_iterations(algo, ctx, policy, batch, micro_batch_size)
+        batch.old_logp = score_iterations(algo, ctx, policy, batch, micro_batch_size)
     if algo.needs_reference:
         if reference is None:
             raise ValueError(f"algorithm {algo.name!r} needs a reference policy, but none is configured "
                              f"(set reference.mode to 'copy' or, with LoRA, 'lora_disabled')")
         ref_views = {it: algo.reference_views(ctx, batch, it) for it in range(n_it)}
-        shared = all(ref_views[it] is batch["views"][it] for it in range(n_it))
-        key = "views" if shared else "ref_views"
+        shared = all(ref_views[it] is batch.views[it] for it in range(n_it))
         if not shared:
-            batch["ref_views"] = ref_views
+            batch.ref_views = ref_views
         with reference.scoring() as ref_model:
-            batch["ref_logp"] = score_iterations(algo, ctx, ref_model, batch, micro_batch_size, key)
-    algo.score_companions(ctx, batch, micro_batch_size)
+            batch.ref_logp = score_iterations(algo, ctx, ref_model, batch, micro_batch_size, reference_views=not shared)
+    state = algo.score_companions(ctx, batch, micro_batch_size)
+    if state is not None:
+        batch.state = state
 
 
-def update(algo: Algorithm, ctx: StepContext, model, batch: Batch, iteration: int, micro_batch_size: int,
+def update(algo: Algorithm, ctx: StepContext, model, batch, iteration: int, micro_batch_size: int,
            loss_scale: float = 1.0, grad_sync: Optional[Callable[[bool], None]] = None) -> dict[str, float]:
     """Stage (5), one inner iteration: run ``algo.backward`` on every micro-batch; return the summed metrics.
 

@@ -1,10 +1,12 @@
-"""The family interface and registry.
+"""The family spec and its registry.
 
-A family turns a published ``config.json`` into a ``ModelArch`` + ``FamilyAdapter``, and maps tensor
-names between the published checkpoint and the native module tree (identity for Qwen/Llama-named
-checkpoints). Adding a family = one module that subclasses ``Family`` and calls ``register_family``.
-A family whose model transformers itself maintains (DiffusionGemma) overrides ``build`` / ``load`` to
-return a model backed by transformers' class instead of the native ``DiffusionLM``.
+A family file declares what the family is: a ``FamilySpec`` subclass that recognises its published ``config.json``,
+reads it into a ``ModelArch`` + ``FamilyAdapter``, names its tensors (published <-> native), its tiny config and which
+builder makes its model (``builder``: dare's native ``DiffusionLM``, or a model transformers maintains). The specs
+know nothing of modules or weights: ``dare.models.builder`` builds and loads them, so the families import no model
+code and the model code imports no family. Adding a family = one module in this package that subclasses
+``FamilySpec`` and calls ``register_family``; every module of the package is imported on first use
+(``dare.models.families.load_builtin_families``).
 """
 from __future__ import annotations
 
@@ -14,17 +16,23 @@ from typing import Optional
 from ..adapter import FamilyAdapter
 from ..arch import ModelArch
 
-FAMILIES: dict[str, "Family"] = {}
+FAMILIES: dict[str, "FamilySpec"] = {}
 
 
 class UnsupportedModelError(ValueError):
     pass
 
 
-class Family:
+class FamilySpec:
     name: str = ""
     # How users recognise it in errors: "model_type (architectures)".
     description: str = ""
+    # Where the family appears in listings (``dare models``, the README's support matrix): masked diffusion first,
+    # then block diffusion, then encoder-decoder, as the README's families table reads.
+    listing_order: int = 100
+    # Which builder of ``dare.models.builder.BUILDERS`` makes and loads the model: "native" (``DiffusionLM`` from
+    # ``arch``) or the key of a model class transformers maintains (DiffusionGemma).
+    builder: str = "native"
     # (published name, native name) templates with numeric placeholders such as {i}; first match wins.
     # Names no rule matches are the same in both trees (Qwen/Llama-named checkpoints need no rules).
     key_rules: list[tuple[str, str]] = []
@@ -44,12 +52,15 @@ class Family:
     }
 
     def matches(self, cfg: dict) -> bool:
+        """Whether a published ``config.json`` (a dict) is this family's."""
         raise NotImplementedError
 
     def arch(self, cfg: dict) -> ModelArch:
+        """The sizes and architecture flags read from ``cfg`` (unsupported values are an ``UnsupportedModelError``)."""
         raise NotImplementedError
 
     def adapter(self, cfg: dict, mask_token_id: int) -> FamilyAdapter:
+        """What samplers and trainers need to know (mask / stop ids, attention kind, block size, noise)."""
         raise NotImplementedError
 
     def tiny_config(self) -> dict:
@@ -60,24 +71,6 @@ class Family:
         """The dict that holds the text model's keys (sizes, token ids): the config itself, or a nested
         ``text_config`` for multimodal layouts."""
         return cfg
-
-    def build(self, cfg: dict, mask_token_id: int, dtype=None, device=None, attn_backend: str = "auto",
-              init: bool = True):
-        """A model of this family from a config dict (``init=False``: on the meta device, for loading)."""
-        from ..model import DiffusionLM
-        arch, adapter = self.arch(cfg), self.adapter(cfg, mask_token_id)
-        if init:
-            return DiffusionLM(arch, adapter, cfg, self.name, attn_backend).to(dtype=dtype, device=device).fuse_projections()
-        import torch
-        with torch.device("meta"):
-            return DiffusionLM(arch, adapter, cfg, self.name, attn_backend)
-
-    def load(self, folder, cfg: dict, mask_token_id: int, dtype, attn_backend: str = "auto"):
-        """Load the checkpoint in ``folder`` (its config already parsed into ``cfg``), every tensor checked."""
-        from ..loading import load_state_dict_checked, read_state_dict
-        model = self.build(cfg, mask_token_id, attn_backend=attn_backend, init=False)
-        load_state_dict_checked(model, read_state_dict(folder, self), dtype, str(folder))
-        return model.fuse_projections()  # after loading: assign-loading gave every weight its own storage
 
     # --- helpers ---------------------------------------------------------------------------------
     def check_supported(self, cfg: dict) -> None:
@@ -112,7 +105,7 @@ class Family:
         return self._convert(key, 1)
 
 
-def register_family(family: Family) -> Family:
+def register_family(family: FamilySpec) -> FamilySpec:
     FAMILIES[family.name] = family
     return family
 
@@ -121,7 +114,7 @@ def supported_description() -> str:
     return "; ".join(f.description for f in FAMILIES.values())
 
 
-def detect_family(cfg: dict) -> Family:
+def detect_family(cfg: dict) -> FamilySpec:
     hits = [f for f in FAMILIES.values() if f.matches(cfg)]
     if not hits:
         raise UnsupportedModelError(
@@ -130,7 +123,7 @@ def detect_family(cfg: dict) -> Family:
     return hits[0]
 
 
-def get_family(name: str) -> Family:
+def get_family(name: str) -> FamilySpec:
     if name not in FAMILIES:
         raise UnsupportedModelError(f"unknown family {name!r}; registered: {', '.join(FAMILIES)}")
     return FAMILIES[name]

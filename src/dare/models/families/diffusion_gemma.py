@@ -1,9 +1,10 @@
 """DiffusionGemma (``model_type: diffusion_gemma``, ``DiffusionGemmaForBlockDiffusion``): uniform-noise block diffusion.
 
 transformers ships this family (``transformers.models.diffusion_gemma``), so the model is transformers' class behind
-dare's API (``dare.models.diffusion_gemma.DiffusionGemmaLM``) and checkpoints load and save with transformers' own
-``from_pretrained`` / ``save_pretrained``: the published layout, tied weights as transformers ties them, the vision
-tower kept (frozen, unused: dare is text-only). What the adapter tells the rest of dare:
+dare's API (``builder = "diffusion_gemma"``: ``dare.models.diffusion_gemma.DiffusionGemmaLM``, built and loaded there)
+and checkpoints load and save with transformers' own ``from_pretrained`` / ``save_pretrained``: the published layout,
+tied weights as transformers ties them, the vision tower kept (frozen, unused: dare is text-only). This spec says what
+the family is; what the adapter tells the rest of dare:
 
 * corruption: ``noise="uniform"`` -- corrupted canvas positions hold uniform random vocabulary tokens; there is no
   mask token (``mask_token_id = -1``);
@@ -14,44 +15,31 @@ tower kept (frozen, unused: dare is text-only). What the adapter tells the rest 
 """
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-
 from ..adapter import FamilyAdapter
-from .base import Family, UnsupportedModelError, eos_ids, register_family
-
-log = logging.getLogger(__name__)
-
-
-def _hf_config(cfg: dict, attn: str = "sdpa"):
-    from transformers import DiffusionGemmaConfig
-    cfg = json.loads(json.dumps(cfg))
-    text = cfg.get("text_config", {})
-    n = text.get("num_hidden_layers")
-    if n and len(text.get("layer_types") or []) != n:  # tiny(num_layers=...): sliding layers, the last one full
-        text["layer_types"] = ["sliding_attention"] * (n - 1) + ["full_attention"]
-    config = DiffusionGemmaConfig.from_dict(cfg)
-    config._attn_implementation = attn
-    return config
+from ..arch import ModelArch, MoESpec
+from .base import FamilySpec, UnsupportedModelError, eos_ids, register_family
 
 
-@contextlib.contextmanager
-def quiet_transformers():
-    """transformers' per-call progress bars (loading / writing shards) stay out of dare's logs."""
-    from transformers.utils import logging as hf_logging
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
+def arch_of(text: dict) -> ModelArch:
+    """A descriptive ``ModelArch`` (sizes for ``dare models``, the vocabulary check) of the text config."""
+    heads = text["num_attention_heads"]
+    moe = None
+    if text.get("num_experts"):
+        moe = MoESpec(num_experts=text["num_experts"], top_k=text["top_k_experts"],
+                      intermediate_size=text["moe_intermediate_size"], norm_topk_prob=True)
+    n = text["num_hidden_layers"]
+    return ModelArch(vocab_size=text["vocab_size"], hidden_size=text["hidden_size"], num_layers=n, num_heads=heads,
+                     num_kv_heads=text.get("num_key_value_heads", heads), head_dim=text.get("head_dim") or text["hidden_size"] // heads,
+                     intermediate_size=text["intermediate_size"], rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+                     tie_word_embeddings=True, hidden_act=text.get("hidden_activation", "gelu_pytorch_tanh"), moe=moe,
+                     moe_layers=list(range(n)) if moe else [])
 
 
-class DiffusionGemma(Family):
+class DiffusionGemma(FamilySpec):
     name = "diffusion_gemma"
     description = "diffusion_gemma (DiffusionGemmaForBlockDiffusion: DiffusionGemma-26B-A4B)"
+    listing_order = 70
+    builder = "diffusion_gemma"  # transformers' DiffusionGemmaForBlockDiffusion behind dare's API
     uses_mask_token = False
     default_block_size = 256  # canvas_length of the published config
 
@@ -61,18 +49,10 @@ class DiffusionGemma(Family):
     def config_section(self, cfg):
         return cfg.setdefault("text_config", {})
 
-    def _check(self, cfg: dict) -> None:
-        try:
-            import transformers.models.diffusion_gemma  # noqa: F401
-        except ImportError as e:
-            raise UnsupportedModelError(f"{self.name} needs transformers >= 5.x with transformers.models.diffusion_gemma "
-                                        f"(pip install -U transformers): {e}") from e
+    def arch(self, cfg):
         if cfg.get("tie_word_embeddings", True) is False:
             raise UnsupportedModelError(f"{self.name}: tie_word_embeddings=false (separate encoder and decoder weights) "
                                         f"is not supported; the published model shares them")
-
-    def arch(self, cfg):
-        from ..diffusion_gemma import arch_of
         return arch_of(cfg["text_config"])
 
     def adapter(self, cfg, mask_token_id=-1):
@@ -83,41 +63,6 @@ class DiffusionGemma(Family):
                              attention="encoder_decoder", block_size=cfg.get("canvas_length") or self.default_block_size,
                              stop_token_ids=stops, noise="uniform", vocab_size=text.get("vocab_size"),
                              logit_softcap=text.get("final_logit_softcapping", 30.0))
-
-    # --- models --------------------------------------------------------------------------------------
-    def _wrap(self, hf_model, cfg: dict):
-        from ..diffusion_gemma import DiffusionGemmaLM
-        return DiffusionGemmaLM(hf_model, self.adapter(cfg), cfg, self.name)
-
-    def build(self, cfg, mask_token_id=-1, dtype=None, device=None, attn_backend="auto", init=True):
-        self._check(cfg)
-        from transformers import DiffusionGemmaForBlockDiffusion
-        from ..diffusion_gemma import parameters_on_meta
-        config = _hf_config(cfg)
-        if init:
-            model = self._wrap(DiffusionGemmaForBlockDiffusion(config), cfg)
-            return model.to(dtype=dtype, device=device)
-        with parameters_on_meta():
-            return self._wrap(DiffusionGemmaForBlockDiffusion(config), cfg)
-
-    def load(self, folder, cfg, mask_token_id, dtype, attn_backend="auto"):
-        self._check(cfg)
-        from transformers import DiffusionGemmaForBlockDiffusion
-        from ..loading import CheckpointError
-        try:
-            with quiet_transformers():
-                hf, info = DiffusionGemmaForBlockDiffusion.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa",
-                                                                       output_loading_info=True)
-        except (OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{folder}: transformers could not load this DiffusionGemma checkpoint: {e}") from e
-        missing = [k for k in info.get("missing_keys", []) if k not in hf.all_tied_weights_keys]
-        problems = {"missing": missing, "unexpected": list(info.get("unexpected_keys", [])),
-                    "mismatched": [str(m) for m in info.get("mismatched_keys", [])]}
-        bad = {k: v for k, v in problems.items() if v}
-        if bad:
-            detail = "; ".join(f"{k} tensor(s) {', '.join(v[:8])}{' ...' if len(v) > 8 else ''}" for k, v in bad.items())
-            raise CheckpointError(f"{folder}: {detail} (config.json implies another architecture)")
-        return self._wrap(hf, json.loads((folder / "config.json").read_text()))
 
     def tiny_config(self):
         """transformers' ``DiffusionGemmaConfig`` layout, sizes shrunk: 2 layers (sliding then full attention; other

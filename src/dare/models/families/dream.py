@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from ..adapter import FamilyAdapter
 from ..arch import ModelArch
-from .base import Family, eos_ids, register_family
+from .base import FamilySpec, eos_ids, register_family
 
 
-class Dream(Family):
+class Dream(FamilySpec):
     name = "dream"
     description = "Dream (DreamModel: Dream-v0, Dream-Coder, DiffuCoder)"
+    listing_order = 30
     mask_token_strings = ("<|mask|>",)
     unsupported = {"rope_scaling": (None,), "use_sliding_window": (False,), "hidden_act": ("silu",)}
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from ..adapter import FamilyAdapter
 from ..arch import ModelArch
-from .base import Family, eos_ids, first, register_family
+from .base import FamilySpec, eos_ids, first, register_family
 
 _BLOCK = "model.transformer.blocks.{i}."
 _LAYER = "model.layers.{i}."
 
 
-class LLaDA(Family):
+class LLaDA(FamilySpec):
     name = "llada"
     description = "llada (LLaDAModelLM: LLaDA-8B, LLaDA-1.5)"
+    listing_order = 10
     mask_token_strings = ("<|mdm_mask|>",)
     key_rules = [
         ("model.transformer.wte.weight", "model.embed_tokens.weight"),

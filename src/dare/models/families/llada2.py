@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from ..adapter import FamilyAdapter
 from ..arch import ModelArch, MoESpec
-from .base import Family, eos_ids, first, register_family
+from .base import FamilySpec, eos_ids, first, register_family
 
 _P = "model.layers.{i}."
 
 
-class LLaDA2(Family):
+class LLaDA2(FamilySpec):
     name = "llada2_moe"
     description = "llada2_moe (LLaDA2MoeModelLM: LLaDA2.0 / LLaDA2.1 mini and flash)"
+    listing_order = 60
     mask_token_strings = ("<|mask|>",)
     default_block_size = 32
     key_rules = [

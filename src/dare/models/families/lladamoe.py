@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from ..adapter import FamilyAdapter
 from ..arch import ModelArch, MoESpec
-from .base import Family, eos_ids, register_family
+from .base import FamilySpec, eos_ids, register_family
 
 
-class LLaDAMoE(Family):
+class LLaDAMoE(FamilySpec):
     name = "llada_moe"
     description = "llada (LLaDAMoEModelLM: LLaDA-MoE-7B-A1B)"
+    listing_order = 20
     mask_token_strings = ("<|mask|>",)
-    size_keys = {**Family.size_keys, "intermediate_size": ("dense_intermediate_size",)}
+    size_keys = {**FamilySpec.size_keys, "intermediate_size": ("dense_intermediate_size",)}
     unsupported = {"rope_scaling": (None,), "clip_qkv": (None,), "hidden_act": ("silu",), "attention_bias": (False,)}
 
     def matches(self, cfg):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..adapter import FamilyAdapter
 from ..arch import ModelArch, MoESpec
-from .base import Family, eos_ids, register_family
+from .base import FamilySpec, eos_ids, register_family
 
 
 def _qwen3_arch(cfg: dict, **extra) -> ModelArch:
@@ -25,9 +25,10 @@ def _qwen3_arch(cfg: dict, **extra) -> ModelArch:
     )
 
 
-class SDAR(Family):
+class SDAR(FamilySpec):
     name = "sdar"
     description = "sdar (SDARForCausalLM: SDAR-1.7B/4B/8B)"
+    listing_order = 40
     mask_token_strings = ("<|MASK|>", "<MASK>")
     default_block_size = 4
     unsupported = {"rope_scaling": (None,), "use_sliding_window": (False,), "hidden_act": ("silu",)}
@@ -64,6 +65,7 @@ class SDAR(Family):
 class SDARMoE(SDAR):
     name = "sdar_moe"
     description = "sdar_moe (SDARMoeForCausalLM: SDAR-30B-A3B)"
+    listing_order = 50
 
     def matches(self, cfg):
         return cfg.get("model_type") == "sdar_moe"

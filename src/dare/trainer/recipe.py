@@ -15,7 +15,7 @@ from typing import Literal, Optional
 from ..algorithms.base import AlgorithmConfig
 from ..data.config import DataConfig
 from ..rollout.config import SamplerConfig
-from .core import load_config
+from ..config.core import load_config
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj"]
 
