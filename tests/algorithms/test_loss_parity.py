@@ -164,7 +164,7 @@ def value_policy(algo, x, monkeypatch):
 @runner("mdpo")
 def mdpo(algo, x, monkeypatch):
     """MDPO's step rewards -> step advantages, top-step selection, per-step views (targets, 1/t, confidence), loss."""
-    from dare.rollout.api import Trajectory
+    from dare.rollout import Trajectory
     B, S = x["step_rewards"].shape
     trajectory = Trajectory(x["states"], x["x0"], x["confidence"], torch.full((B,), S), torch.ones(B, S, dtype=torch.bool))
     batch = rl_batch(x, trajectory=trajectory)
