@@ -205,6 +205,7 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "dirl": "OpenMOSS/DiRL",
     "justgrpo": "LeapLabTHU/JustGRPO",
     "dtreerpo": "THU-BPM/d-TreeRPO",
+    "gdpo": "KevinRojas1499/GDPO",
 }
 
 

@@ -124,6 +124,15 @@ def espo(algo, x, monkeypatch):
     return estimator_and_loss(algo, rl_batch(x), {"logp_passes": passes}, _hidden(x, list(passes.flatten(0, 1))))
 
 
+@runner("gdpo")
+def gdpo(algo, x, monkeypatch):
+    """GDPO's node masks (the reference's), quadrature ELBO and sequence-level loss."""
+    from dare.algorithms import gdpo as module
+    monkeypatch.setattr(module, "quadrature_masks", lambda *a, **k: x["node_masked"])
+    nodes = leaf(x, "logp_nodes")  # [node, B, Lc]: dare's view order (t ascending, one draw per node)
+    return estimator_and_loss(algo, rl_batch(x), {"logp_nodes": nodes}, _hidden(x, list(nodes)))
+
+
 @runner("replay")
 def replay(algo, x, monkeypatch):
     """Trajectory replay (CJ-GRPO, TraceRL, DiRL): dare's replay plan of the step map, its token weights and loss."""
