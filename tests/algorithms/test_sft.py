@@ -187,29 +187,50 @@ def _copy_docs(n, seed):
     return docs
 
 
-def _repair_rate(model, docs, seed):
-    """Corrupt one answer token per document (no masks, as when the editing decode revisits a committed block) and
-    count how often the model's argmax at that position is the original token: the editing decode's T2T rule."""
-    batch = sft_rows_batch([[d] for d in docs], list(range(len(docs))), 1, False)
-    ids, pos = batch["input_ids"], batch["position_ids"]
+def _corrupted(docs, seed):
+    """(clean answers [n, 5], the same with one answer token replaced by another token of the task's range)."""
+    clean = torch.tensor([d.answer for d in docs])
     g = torch.Generator().manual_seed(seed)
-    noisy = ids.clone()
-    rows = torch.arange(len(docs))
-    cols = 4 + torch.randint(0, 4, (len(docs),), generator=g)
-    noisy[rows, cols] = (ids[rows, cols] - 10 + torch.randint(1, 30, (len(docs),), generator=g)) % 30 + 10
-    input_ids, layout = block_diffusion_inputs(noisy, ids, pos)
+    rows, cols = torch.arange(len(docs)), torch.randint(0, 4, (len(docs),), generator=g)
+    noisy = clean.clone()
+    noisy[rows, cols] = (clean[rows, cols] - 10 + torch.randint(1, 30, (len(docs),), generator=g)) % 30 + 10
+    return clean, noisy
+
+
+def _editing_decode_repairs(model, docs, seed, threshold=0.5):
+    """The editing decode (LLaDA2.1's token-to-token rule, ``rollout.block._editing_block``) run on a block whose
+    answer is already drafted with one wrong token: the fraction of answers it leaves exactly right."""
+    from dare.rollout.block import BlockForward, _editing_block, build_block_state
+    from dare.rollout.config import SamplerConfig
+    from dare.rollout.selection import REMASKINGS
+    from dare.rollout.state import make_prompt_batch
+    clean, noisy = _corrupted(docs, seed)
+    # one block of exactly prompt + answer (9 tokens): the attention the model was trained with (its block of 32
+    # holds the whole 9-token sequence)
+    cfg = SamplerConfig(gen_length=5, block_length=9, steps=5, temperature=0.0, threshold=0.9,
+                        editing_threshold=threshold, max_post_steps=4, cache="none")
+    pb = make_prompt_batch([d.prompt for d in docs], None, 1, torch.device("cpu"))
+    st = build_block_state(pb, cfg, model.adapter.mask_token_id, 1, torch.tensor([1]), None, False)
+    start = int(st.gen_start[0])
+    assert (st.gen_start == start).all()
+    st.x[:, start:start + 5] = noisy  # the draft: committed tokens, one of them wrong
     with torch.no_grad():
-        logits = model(input_ids, layout=layout).logits[:, :ids.shape[1]]
-    return float((logits[rows, cols].argmax(-1) == ids[rows, cols]).float().mean())
+        _editing_block(BlockForward(model, st, cfg), st, cfg, REMASKINGS[cfg.remasking], st.active(), 0, 9)
+    return float((st.x[:, start:start + 5] == clean).all(1).float().mean())
 
 
-@pytest.mark.parametrize("edit_ratio", [0.0, 0.3])
-def test_editing_stream_teaches_the_model_to_repair_wrong_tokens(edit_ratio):
+@pytest.mark.parametrize("edit_ratio,keep_weight,low,high", [
+    (0.0, 0.0, None, 0.05),  # mask-only SFT never supervises a visible token: the wrong token stays (measured 0.00)
+    pytest.param(0.3, 0.0, 0.3, None, marks=pytest.mark.slow),  # edits, but right tokens get rewritten too (0.44)
+    (0.3, 1.0, 0.7, None),  # edits and keeps (measured 0.80)
+])
+def test_editing_stream_teaches_the_model_to_repair_wrong_tokens(edit_ratio, keep_weight, low, high):
+    """A tiny LLaDA2 learns a copy task (the answer repeats the prompt) with SFT; then the editing decode is given
+    answers drafted with one wrong token. Only a model trained with the editing stream repairs them."""
     tok = tiny_tokenizer()
-    torch.manual_seed(0)
     model = tiny("llada2_moe", tokenizer=tok, num_layers=2)
     algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens",
-                                     edit_ratio=edit_ratio))
+                                     edit_ratio=edit_ratio, keep_weight=keep_weight))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(200):  # ~8 s: a 2-layer model needs ~150 steps to learn to copy
         batch = sft_rows_batch([[d] for d in _copy_docs(16, seed=step)], list(range(16)), 1, False)
@@ -220,8 +241,25 @@ def test_editing_stream_teaches_the_model_to_repair_wrong_tokens(edit_ratio):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    rate = _repair_rate(model, _copy_docs(64, seed=10_000), seed=1)
-    if edit_ratio > 0:
-        assert rate > 0.7, rate  # measured 0.86
-    else:  # mask-only SFT never supervises a visible token: it repairs at chance
-        assert rate < 0.25, rate  # measured 0.06
+    rate = _editing_decode_repairs(model, _copy_docs(64, seed=10_000), seed=1)
+    assert (low is None or rate > low) and (high is None or rate < high), rate
+
+
+def test_keep_weight_scores_the_unchanged_visible_answer_tokens():
+    tok = tiny_tokenizer()
+    model = tiny("llada2_moe", tokenizer=tok, num_layers=1)
+    batch = sft_rows_batch([[d] for d in _docs(8, seed=1)], list(range(8)), 1, False)
+    views = []
+    for keep in (0.0, 2.0):
+        algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens",
+                                         edit_ratio=0.4, edit_weight=0.5, keep_weight=keep))
+        views.append(algo.corrupt(StepContext(step=0, seed=2, adapter=model.adapter), batch, 0)[0])
+    L = batch["input_ids"].shape[1]
+    assert torch.equal(views[0].input_ids, views[1].input_ids)  # keeping changes what is scored, not the input
+    masked = views[0].input_ids[:, :L] == model.adapter.mask_token_id
+    edited = (views[0].input_ids[:, :L] != batch["input_ids"]) & ~masked
+    kept = batch["answer_mask"] & ~masked & ~edited
+    assert torch.equal(views[1].targets, batch["answer_mask"])
+    assert torch.equal(views[1].weight, masked.float() + 0.5 * edited.float() + 2.0 * kept.float())
+    with pytest.raises(ValueError, match="needs edit_ratio > 0"):
+        SFTConfig(keep_weight=1.0)

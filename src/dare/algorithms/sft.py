@@ -69,6 +69,9 @@ class SFTConfig(AlgorithmConfig):
     # rewrite wrong tokens, what the editing decode (``rollout.sampler.editing_threshold``) does. 0: mask-only SFT.
     edit_ratio: float = 0.0
     edit_weight: float = 1.0
+    # With the editing stream: the visible answer tokens left unchanged are scored too (predict themselves), at this
+    # weight, so the decode's edits leave right tokens alone (measured: 0 lets it rewrite a quarter of them).
+    keep_weight: float = 0.0
 
     def __post_init__(self):
         if not 0.0 <= self.t_min < self.t_max <= 1.0:
@@ -78,8 +81,11 @@ class SFTConfig(AlgorithmConfig):
         if self.encoder_loss_weight < 0 or not 0.0 <= self.self_conditioning_p <= 1.0:
             raise ValueError(f"need encoder_loss_weight >= 0 and 0 <= self_conditioning_p <= 1, got "
                              f"{self.encoder_loss_weight}, {self.self_conditioning_p}")
-        if not 0.0 <= self.edit_ratio < 1.0 or self.edit_weight < 0:
-            raise ValueError(f"need 0 <= edit_ratio < 1 and edit_weight >= 0, got {self.edit_ratio}, {self.edit_weight}")
+        if not 0.0 <= self.edit_ratio < 1.0 or self.edit_weight < 0 or self.keep_weight < 0:
+            raise ValueError(f"need 0 <= edit_ratio < 1, edit_weight >= 0 and keep_weight >= 0, got {self.edit_ratio}, "
+                             f"{self.edit_weight}, {self.keep_weight}")
+        if self.keep_weight > 0 and self.edit_ratio == 0:
+            raise ValueError("keep_weight scores the tokens the editing stream left unchanged: it needs edit_ratio > 0")
         if self.edit_ratio > 0 and self.weighting == "cart":
             raise ValueError("edit_ratio needs weighting scheduler or uniform (cart weights only masked positions)")
 
@@ -159,14 +165,15 @@ class SFT(Algorithm):
                     edit, tokens = _edit_draws(ctx.generator(iteration, uid, "edit"), ans & ~m, ids.cpu()[r, s:e],
                                                cfg.edit_ratio, ctx.adapter)
                     noisy[r, s:e] = torch.where(edit, tokens, noisy[r, s:e])
-                    edited[r, s:e] = edit
-                    weight[r, s:e] += w * cfg.edit_weight * edit
+                    keep = ans & ~m & ~edit & (cfg.keep_weight > 0)
+                    edited[r, s:e] = edit | keep
+                    weight[r, s:e] += w * (cfg.edit_weight * edit + cfg.keep_weight * keep)
         dev = ids.device
         masked, weight = masked.to(dev), weight.to(dev)
         if ctx.adapter.is_encoder_decoder:
             return [self._canvas_view(ctx, batch, iteration, noisy.to(dev), weight, t_tok.to(dev))]
         noisy = apply_mask(noisy.to(dev) if cfg.edit_ratio > 0 else ids, masked, ctx.adapter.mask_token_id)
-        masked = masked | edited.to(dev)  # the edited tokens are scored too, at their own weight
+        masked = masked | edited.to(dev)  # the edited (and kept) tokens are scored too, at their own weight
         if ctx.adapter.is_block_causal:
             input_ids, layout = block_diffusion_inputs(noisy, ids, pos)
         else:
