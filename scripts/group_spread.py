@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
 
     from dare.quickstart.assets import get_checkpoint
-    from dare.quickstart.compare import compare_recipe
+    from dare.comparison.run import compare_recipe
     from dare.quickstart.stages import eval_stage, load_stage_recipe
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

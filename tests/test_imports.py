@@ -19,6 +19,7 @@ LAYERS = [
     {"eval"},  # the evaluation runner and its integrations
     {"trainer"},  # the loop, its stages, checkpoints, recipes
     {"plan", "quickstart"},  # what drives the trainer
+    {"comparison"},  # dare compare: runs the quickstart's stages for every method
     {"commands"},  # one module per dare command
     {"cli"},  # the command line that finds them
 ]

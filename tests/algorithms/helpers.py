@@ -33,3 +33,21 @@ def corrupt(algo, ctx, batch, iteration=0):
     if state is not None:
         batch.state = state
     return algo.corrupt(ctx, batch, iteration)
+
+
+def is_block_family(family: str) -> bool:
+    """Whether a registered family is a block-diffusion model (block-causal attention), from the family registry."""
+    from dare.algorithms.matrix import family_attention
+    return family_attention()[family] == "block_causal"
+
+
+def supported_families(algorithm: str, fast: tuple[str, ...]) -> list:
+    """pytest params: every registered family whose attention kind ``algorithm`` supports (registry order), those not
+    in ``fast`` marked slow -- so a new family joins a method's end-to-end test without editing it."""
+    import pytest
+
+    from dare.algorithms import get_algorithm, load_builtin_algorithms
+    from dare.algorithms.matrix import families_of
+    load_builtin_algorithms()
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.slow)
+            for f in families_of(get_algorithm(algorithm).supports)]

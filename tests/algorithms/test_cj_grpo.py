@@ -7,7 +7,7 @@ from dare.algorithms.cj_grpo import CJGRPOConfig
 from dare.rollout.config import SamplerConfig
 from dare.rollout.schedule import ass_split
 from dare.trainer import stages
-from tests.algorithms.helpers import corrupt
+from tests.algorithms.helpers import corrupt, is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, rollout_batch, run_recipe, setup
 
 ASS = dict(schedule="ass", eoser=True, eoser_gamma_min=0.01, temperature=1.0, record_trajectory=True)
@@ -137,11 +137,10 @@ def test_deterministic_replay_is_scored_once_for_all_inner_iterations():
     assert len(calls) == 1 and batch.old_logp[2] is batch.old_logp[0]
 
 
-@pytest.mark.parametrize("family", ["llada"] + [pytest.param(f, marks=pytest.mark.slow)
-                                                for f in ("sdar", "llada_moe", "dream", "sdar_moe", "llada2_moe")])
+@pytest.mark.parametrize("family", supported_families("cj_grpo", fast=("llada",)))
 def test_trains_end_to_end(tmp_path, family):
     extra = []
-    if family in ("sdar", "sdar_moe", "llada2_moe"):  # ASS inside every block of the model's block size
+    if is_block_family(family):  # ASS inside every block of the model's block size
         extra = ["rollout.sampler={gen_length: 8, block_length: 4, schedule: ass, eoser: true, temperature: 1.0}"]
     hist = run_recipe(tmp_path, "cj_grpo", family, *extra)
     assert len(hist) == 2

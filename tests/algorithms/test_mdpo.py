@@ -8,7 +8,7 @@ from dare.algorithms.advantages import group_zscore_unbiased
 from dare.algorithms.mdpo import MDPOConfig, step_advantages_raw, top_steps
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
-from tests.algorithms.helpers import corrupt
+from tests.algorithms.helpers import corrupt, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
 
 
@@ -182,8 +182,7 @@ def test_block_sampler_steps_leave_later_blocks_unpredicted_so_block_models_are_
         algo.check_model(ctx.adapter)
 
 
-@pytest.mark.parametrize("family", ["llada", pytest.param("llada_moe", marks=pytest.mark.slow),
-                                    pytest.param("dream", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", supported_families("mdpo", fast=("llada",)))
 def test_trains_end_to_end(tmp_path, family):
     hist = run_recipe(tmp_path, "mdpo", family)
     assert len(hist) == 2

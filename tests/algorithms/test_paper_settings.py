@@ -17,7 +17,7 @@ def test_every_rl_method_names_the_source_of_its_paper_settings(name):
     assert isinstance(p, PaperSettings), f"{name} declares no paper settings"
     assert 0 < p.lr < 1e-3 and p.temperature > 0 and (p.grad_clip is None or p.grad_clip > 0)
     assert len(p.source) > 20
-    assert p.embedded_lr_factor == 1.0 or len(p.embedded_note) > 40, "a departure on the embedded task needs its reason"
+    assert isinstance(p.published_code, bool)
     fields = get_algorithm(name).config_class.__dataclass_fields__
     for task, values in p.per_task.items():
         assert set(values) <= {"lr", "grad_clip", "temperature", "algorithm"}, (name, task)
@@ -45,12 +45,50 @@ def test_overrides_scale_lr_relative_to_the_anchor_and_apply_task_values():
     # the authors' LoRA adapters (r 128, alpha 64) for the methods trained with LoRA; the reference stays a copy
     assert {"lora.enabled=true", "lora.r=128", "lora.alpha=64", "reference.mode=copy"} <= set(ov)
     assert not any(o.startswith("lora.") for o in paper_overrides(coupled, coupled, 1e-4, "sudoku"))
-    # documented embedded-task factors on the relative lr (wd1 x 1/3, BGPO x 0.5, MDPO x 0.1, JustGRPO x 0.2,
-    # d-TreeRPO x 0.5): the rate is the product, formatted so a run made with `--set <method>:optim.lr=<that rate>` is the same run
-    factors = {"wd1": "optim.lr=0.0001", "bgpo": "optim.lr=5e-05", "mdpo": "optim.lr=0.0001", "justgrpo": "optim.lr=0.0001",
-               "dtreerpo": "optim.lr=0.0015"}
-    for name, want in factors.items():
-        assert want in paper_overrides(get_algorithm(name), coupled, 1e-4, "sudoku"), name
+
+
+def _comparison_lrs() -> dict[str, set[float]]:
+    """Method -> the lr of its rows in the comparison's stored report (docs/comparison.json)."""
+    import json
+    from pathlib import Path
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs" / "comparison.json").read_text())
+    out: dict[str, set[float]] = {}
+    for fam in data["families"]:
+        for entry in fam["methods"]:
+            out.setdefault(entry["algorithm"], set()).add(entry["settings"]["lr"])
+    return out
+
+
+def test_documented_comparison_factors_scale_the_relative_lr():
+    """The comparison's documented factors on the relative lr (dare.comparison.departures: one per method that
+    departs): the rate is the product, formatted so a run made with `--set <method>:optim.lr=<that rate>` is the same
+    run -- the rate of the method's rows in the stored comparison."""
+    from dare.comparison.departures import LR_DEPARTURES, lr_factor
+    coupled = get_algorithm("coupled_grpo")
+    lrs = _comparison_lrs()
+    assert LR_DEPARTURES
+    for name, dep in LR_DEPARTURES.items():
+        cls = get_algorithm(name)
+        ov = paper_overrides(cls, coupled, 1e-4, "sudoku", lr_factor=lr_factor(name))
+        rate = 1e-4 * cls.paper.for_task("sudoku")["lr"] / coupled.paper.for_task("sudoku")["lr"] * dep.factor
+        assert f"optim.lr={rate:.6g}" in ov, name
+        for want in lrs[name]:
+            assert f"optim.lr={want:.6g}" in ov, name
+    assert lr_factor("coupled_grpo") == 1.0 and "coupled_grpo" not in LR_DEPARTURES
+
+
+def test_every_documented_departure_states_its_reason_and_where_it_was_measured():
+    from pathlib import Path
+
+    from dare.comparison.departures import LR_DEPARTURES
+    from dare.quickstart.assets import shipped_checkpoints
+    root = Path(__file__).resolve().parents[2]
+    for name, dep in LR_DEPARTURES.items():
+        assert name in _rl(), f"{name}: a departure of no registered RL method"
+        assert 0 < dep.factor and dep.factor != 1.0, name
+        assert len(dep.note) > 40, "a departure on the embedded task needs its reason"
+        assert dep.checkpoints and set(dep.checkpoints) <= set(shipped_checkpoints()), name
+        assert (root / dep.doc).is_file(), (name, dep.doc)
 
 
 def test_decoding_and_per_attention_values():
@@ -70,7 +108,8 @@ def test_a_method_without_paper_settings_is_an_error():
 
 @pytest.mark.parametrize("name", list(_rl()))
 def test_the_method_doc_states_its_paper_settings(name):
-    """docs/algorithms/<name>.md carries the registry's paper settings verbatim, so the two cannot drift apart."""
+    """docs/algorithms/<name>.md carries the registry's paper settings verbatim, so the two cannot drift apart
+    (``python scripts/generate.py`` writes them; tests/test_generate.py checks every generated file)."""
     from pathlib import Path
 
     from dare.algorithms.paper import paper_markdown

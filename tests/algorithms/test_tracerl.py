@@ -7,7 +7,7 @@ from dare.algorithms.common.replay import INF_STEP, plan_replay, step_groups
 from dare.algorithms.tracerl import TraceRLConfig
 from dare.diffusion.logprob import score_targets
 from dare.trainer import stages
-from tests.algorithms.helpers import corrupt
+from tests.algorithms.helpers import corrupt, is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
                                                 train_subprocess)
 
@@ -196,13 +196,12 @@ def test_bad_input_errors():
         TraceRLConfig(shrink=0)
 
 
-FAMILIES = [pytest.param("sdar")] + [
-    pytest.param(f, marks=pytest.mark.slow) for f in ("llada", "llada_moe", "dream", "sdar_moe", "llada2_moe")]
+FAMILIES = supported_families("tracerl", fast=("sdar",))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_trains_end_to_end(tmp_path, family):
-    extra = [] if family in ("sdar", "sdar_moe", "llada2_moe") else [
+    extra = [] if is_block_family(family) else [
         "rollout.sampler={gen_length: 16, block_length: 16, steps: 16, temperature: 1.0}", "algorithm.shrink=4"]
     hist = run_recipe(tmp_path, "tracerl", family, *extra)
     assert len(hist) == 2

@@ -9,6 +9,7 @@ from dare.algorithms.losses import clipped_value_loss
 from dare.algorithms.value import ValueModel, trace_returns_advantages
 from dare.models import LogitsRequest
 from dare.trainer import stages
+from tests.algorithms.helpers import is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
                                                 train_subprocess)
 
@@ -146,12 +147,11 @@ def test_per_view_value_backward_equals_the_full_graph_gradient(family):
     assert per_view[-1].abs().sum() > 0  # the value head learns
 
 
-FAMILIES = [pytest.param("sdar"), pytest.param("llada")] + [
-    pytest.param(f, marks=pytest.mark.slow) for f in ("llada_moe", "dream", "sdar_moe", "llada2_moe")]
+FAMILIES = supported_families("tracerl", fast=("sdar", "llada"))
 
 
 def _masked_extra(family):
-    return [] if family in ("sdar", "sdar_moe", "llada2_moe") else [
+    return [] if is_block_family(family) else [
         "rollout.sampler={gen_length: 16, block_length: 16, steps: 16, temperature: 1.0}", "algorithm.shrink=4"]
 
 

@@ -13,6 +13,7 @@ import torch
 from dare.rewards import REWARDS, register_reward
 from dare.trainer.loop import Trainer
 from dare.trainer.recipe import load_recipe
+from tests.algorithms.helpers import is_block_family
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def learns_toy_reward(tmp_path, name, family, *overrides, recipe=None, sampler=N
     ``recipe``: a recipe path relative to the repository (default ``recipes/rl/<name>.yaml``); ``sampler``: the
     rollout sampler as a YAML mapping (default: 8 tokens, the family's tiny block, 8 steps at temperature 1).
     Returns the per-step mean rewards."""
-    block = 4 if family in ("sdar", "sdar_moe", "llada2_moe") else 8
+    block = 4 if is_block_family(family) else 8
     sampler = sampler or f"{{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}"
     recipe = load_recipe(ROOT / (recipe or f"recipes/rl/{name}.yaml"), [
         f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",

@@ -92,14 +92,8 @@ class BGPO(GRPOAlgorithm):
     name = "bgpo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
-        source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)",
-        embedded_lr_factor=0.5,
-        embedded_note="at the unified ratio (Coupled-GRPO's lr, 1e-4 on the tiny LLaDA, full fine-tuning, mu 1, no KL) "
-                      "seeds 0 and 1 gained (0.516, 0.551) but seed 2 collapsed: training reward 0.58 by step 13, then "
-                      "~0.1 after step 22 with gradient norms up to 10, held-out 0.410 -> 0.040; at 5e-5 (factor 0.5) "
-                      "the same seeds stayed stable (max gradient norm 1.5) and gained 0.566, 0.584, 0.601 (200 "
-                      "held-out puzzles, docs/comparison.md). With no published settings, the unified ratio is DARE's "
-                      "choice, not the authors'.")
+        published_code=False,
+        source="no published training code (THU-KEG/BGPO not available): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = BGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

@@ -60,6 +60,7 @@ class CJGRPO(ReplayAlgorithm):
     name = "cj_grpo"
     paper = PaperSettings(
         lr=3e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
+        published_code=True,
         sampler={"schedule": "ass", "eoser": True},
         source="yjyddq/EOSER-ASS-RL cj-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, temperature, use_peft, lora_r, "
                "lora_alpha); cj-grpo/slurm_scripts/sudoku_run.sh (NUM_ITER=8, --decoding eoser-ass)",

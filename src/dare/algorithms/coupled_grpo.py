@@ -87,6 +87,7 @@ class CoupledGRPO(GRPOAlgorithm):
     name = "coupled_grpo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=0.2, temperature=1.0,
+        published_code=True,
         source="apple/ml-diffucoder recipes/config_coupled_code.yaml (learning_rate, max_grad_norm, generation_temperature; num_iterations 2 and beta 0.01 are the config defaults); no Sudoku script")
     config_class = CoupledGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")

@@ -55,6 +55,7 @@ class D1(GRPOAlgorithm):
     name = "d1"
     paper = PaperSettings(
         lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="dllm-reasoning/d1 diffu-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft), diffu_grpo_config.py (temperature 0.9); sudoku_base.sbatch (NUM_ITER=8, --temperature 0.3)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 8}}})
     config_class = D1Config

@@ -50,6 +50,7 @@ class DiRL(ReplayAlgorithm):
     name = "dirl"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
+        published_code=True,
         source="OpenMOSS/DiRL configs/rl.yaml (learning_rate, max_grad_norm, temperature); no Sudoku script")
     config_class = DiRLConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal",)

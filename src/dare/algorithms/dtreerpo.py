@@ -254,16 +254,9 @@ class DTreeRPO(GRPOAlgorithm):
                            "so a partial canvas is no node state to branch from"}
     paper = PaperSettings(
         lr=3e-5, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="THU-BPM/d-TreeRPO dtreerpo/slurm_scripts/dtreerpo.yaml (learning_rate, max_grad_norm, use_peft, lora_r 128, lora_alpha 64; the "
-               "same file for every task script), diffu_grpo_config.py (temperature 0.9)",
-        embedded_lr_factor=0.5,
-        embedded_note="at the unscaled ratio (3e-3 with LoRA r 128) the tiny LLaDA learned but the tiny SDAR did not: "
-                      "seeds 0 and 2 each had one update step with KL to the reference ~1 (0.99, 1.11; every other "
-                      "step <= 0.05) and a gradient-norm spike (0.13, 0.42), and seed 2 then stopped its greedy answers "
-                      "after `<` in 102 of 200 (held-out 0.803 / 0.845 / 0.368 from 0.791); at 1.5e-3 (factor 0.5) the "
-                      "same SDAR seeds stayed within KL 0.063 and gained (0.870 / 0.858 / 0.855), and the LLaDA seeds "
-                      "gained about as at the full ratio (0.544 / 0.567 / 0.598 against 0.550 / 0.591 / 0.599 from "
-                      "0.410; 200 held-out puzzles, docs/comparison.md).")
+               "same file for every task script), diffu_grpo_config.py (temperature 0.9)")
 
     def check_rollout(self, sampler, adapter) -> None:
         for key, bad in (("record_trajectory", sampler.record_trajectory), ("rcr", sampler.rcr),

@@ -85,6 +85,7 @@ class EBPO(SequenceRatioAlgorithm):
     name = "ebpo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
+        published_code=False,
         source="no published training code (LLaDA2.1; dFactory ships SFT only): DARE's unified RL settings (scripts/make_paper_recipes.py)")
     config_class = EBPOConfig
     supports: ClassVar[tuple[str, ...]] = ("block_causal", "encoder_decoder")

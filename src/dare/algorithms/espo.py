@@ -66,6 +66,7 @@ class ESPO(SequenceRatioAlgorithm):
     name = "espo"
     paper = PaperSettings(
         lr=1e-6, grad_clip=0.2, temperature=1.0, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="ML-GSAI/ESPO recipes/train.yaml (lr, max_grad_norm, generation_temperature); recipes/run_sudoku_llada.sh (--learning_rate 3e-6, NUM_ITER=8, --beta 1e-2, --max_grad_norm 0.2, --use_peft true)",
         per_task={"sudoku": {"lr": 3e-6, "algorithm": {"inner_iterations": 8, "beta": 1e-2}}})
     config_class = ESPOConfig

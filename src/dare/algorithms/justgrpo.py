@@ -138,13 +138,9 @@ class JustGRPO(GRPOAlgorithm):
                            "entropy bound, not one token per step left to right, so rollout and scored policy differ"}
     paper = PaperSettings(
         lr=5e-6, grad_clip=1.0, temperature=1.0,
+        published_code=True,
         source="LeapLabTHU/JustGRPO train.py (learning_rate 5e-6, max_grad_norm 1.0, num_generations 8 x repeat_times 2), "
-               "grpo.py (sample(temperature=1.), block_length=1)",
-        embedded_lr_factor=0.2,
-        embedded_note="at its paper ratio (5x Coupled-GRPO's lr: 5e-4 on the tiny LLaDA, full fine-tuning, no KL) the "
-                      "training reward fell from 0.33 to about 0.05 right after the warm-up, with gradient norms up to 9, "
-                      "and held-out reward collapsed 0.410 -> 0.055 (seed 0, 200 puzzles, docs/comparison.md); at factor 0.2 (1e-4, "
-                      "Coupled-GRPO's lr) it rose 0.410 -> 0.509.")
+               "grpo.py (sample(temperature=1.), block_length=1)")
 
     def check_rollout(self, sampler, adapter) -> None:
         for key, bad in (("cfg_scale", sampler.cfg_scale > 0), ("rcr", sampler.rcr),

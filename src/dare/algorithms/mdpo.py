@@ -137,12 +137,9 @@ class MDPO(GRPOAlgorithm):
     name = "mdpo"
     paper = PaperSettings(
         lr=1e-5, grad_clip=1.0, temperature=0.1,
+        published_code=True,
         sampler={"record_trajectory": True},  # MDPO trains on the rollout's intermediate states
-        source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script",
-        embedded_lr_factor=0.1,
-        embedded_note="at its paper ratio (10x Coupled-GRPO's lr, 1e-3 on the tiny LLaDA) the training reward oscillated "
-                      "between 0.0 and 0.67 with gradient norms near 27, and held-out reward fell 0.406 -> 0.365; at 1e-4 "
-                      "(factor 0.1) it rose 0.406 -> 0.582 (seed 0, 100 held-out puzzles, docs/comparison.md).")
+        source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script")
     config_class = MDPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {

@@ -8,7 +8,9 @@ per-task values of the authors' task scripts (e.g. d1's Sudoku script runs mu = 
 ``dare compare`` uses it to give every method its own paper's *relative* settings on the embedded task: the
 learning rate is the comparison's base rate times ``paper.lr / anchor.lr`` (the anchor is the default method), so a
 method whose authors train 3x more gently than the default method's authors also does here; the gradient-norm
-clip, temperature and task values are taken as published. Nothing here changes a loss.
+clip, temperature and task values are taken as published. What the comparison measured on its tiny models (a
+documented factor on a method's relative lr) is the comparison's own data (``dare.comparison.departures``), passed in
+as ``lr_factor``. Nothing here changes a loss.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ class PaperSettings:
     grad_clip: Optional[float]  # max gradient norm (None: none)
     temperature: float  # rollout sampling temperature
     source: str  # where the numbers come from (repository + file)
+    # Whether the authors published their training code: then the method has a loss-parity case (its loss against
+    # theirs, docs/loss_parity.md; tests/algorithms/test_loss_parity.py requires one).
+    published_code: bool
     # task -> {"lr", "grad_clip", "temperature", "algorithm": {...config fields}}: the authors' task scripts
     per_task: dict = field(default_factory=dict)
     # attention kind (bidirectional / block_causal) -> {"algorithm": {...}}: settings the authors use per model kind
@@ -32,10 +37,6 @@ class PaperSettings:
     # or None for full fine-tuning. Part of the method's stabilisation: without it, on the tiny models, SPG and wd1
     # rewrite the answer format within 20 updates (docs/comparison.md).
     lora: Optional[dict] = None
-    # A documented departure for the embedded CPU task (tiny models, `dare compare`): a factor on the relative lr,
-    # with the measured reason (docs/comparison.md). 1.0: the paper's ratio as is.
-    embedded_lr_factor: float = 1.0
-    embedded_note: str = ""
 
     def for_task(self, task: Optional[str], attention: Optional[str] = None) -> dict:
         """``{"lr", "grad_clip", "temperature", "algorithm": {...}}`` for ``task`` and the model's attention kind
@@ -47,17 +48,19 @@ class PaperSettings:
                 **({"unknown": extra} if extra else {})}
 
 
-def paper_overrides(cls, anchor, base_lr: float, task: Optional[str], attention: Optional[str] = None) -> list[str]:
+def paper_overrides(cls, anchor, base_lr: float, task: Optional[str], attention: Optional[str] = None,
+                    lr_factor: float = 1.0) -> list[str]:
     """Dotted recipe overrides that give algorithm class ``cls`` its paper's settings relative to ``anchor`` (an
-    algorithm class whose run uses ``base_lr``) on ``task`` with a model of ``attention`` kind. Errors when either has
-    no ``paper`` settings."""
+    algorithm class whose run uses ``base_lr``) on ``task`` with a model of ``attention`` kind; ``lr_factor`` scales
+    the relative lr (a caller's documented departure, e.g. ``dare.comparison.departures.lr_factor``). Errors when
+    either has no ``paper`` settings."""
     for c in (cls, anchor):
         if getattr(c, "paper", None) is None:
             raise ValueError(f"algorithm {c.name!r} declares no paper settings (class attribute `paper`)")
     mine, ref = cls.paper.for_task(task, attention), anchor.paper.for_task(task, attention)
     if "unknown" in mine:
         raise ValueError(f"{cls.name}.paper.per_task[{task!r}]: unknown key(s) {sorted(mine['unknown'])}")
-    lr = base_lr * mine["lr"] / ref["lr"] * cls.paper.embedded_lr_factor
+    lr = base_lr * mine["lr"] / ref["lr"] * lr_factor
     out = [f"optim.lr={lr:.6g}", f"optim.grad_clip={mine['grad_clip'] if mine['grad_clip'] is not None else 'null'}",
            f"rollout.sampler.temperature={mine['temperature']}"]
     out += [f"algorithm.{k}={v}" for k, v in mine["algorithm"].items()]
@@ -73,8 +76,9 @@ def paper_overrides(cls, anchor, base_lr: float, task: Optional[str], attention:
 
 
 def paper_markdown(cls) -> str:
-    """The method doc's paragraph on its paper settings (docs/algorithms/<name>.md holds it verbatim; a test keeps the
-    two equal)."""
+    """The method doc's paragraph on its paper settings: docs/algorithms/<name>.md holds it between paper-settings
+    markers, followed by the comparison's departure note if it has one (written by ``python scripts/generate.py``;
+    its ``--check`` in the test suite keeps the two equal)."""
     p = cls.paper
     clip = "none" if p.grad_clip is None else f"{p.grad_clip:g}"
     text = (f"**Paper settings** (`{cls.__name__}.paper`, used by `dare compare`): lr {p.lr:g}, grad-norm clip {clip}, "
@@ -89,7 +93,4 @@ def paper_markdown(cls) -> str:
         parts += [f"`{k}` {v:g}" for k, v in values.get("algorithm", {}).items()]
         text += f" {task.capitalize()} script: {', '.join(parts)}."
     text += f" Source: {p.source}."
-    if p.embedded_lr_factor != 1.0:
-        text += (f" On the embedded CPU task `dare compare` multiplies its relative lr by {p.embedded_lr_factor:.3g}: "
-                 f"{p.embedded_note}")
     return text

@@ -83,6 +83,7 @@ class TraceRL(ReplayAlgorithm):
     name = "tracerl"
     paper = PaperSettings(
         lr=1e-6, grad_clip=1.0, temperature=1.0,
+        published_code=True,
         per_attention={"bidirectional": {"algorithm": {"shrink": 8}}, "block_causal": {"algorithm": {"shrink": 1}}},
         source="Gen-Verse/dLLM-RL configs/rl_sdar.yaml (learning_rate, max_grad_norm, temperature, shrink 1); "
                "configs/rl_llada.yaml (shrink 8); no Sudoku script")

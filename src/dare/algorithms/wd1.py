@@ -76,13 +76,9 @@ class WD1(GRPOAlgorithm):
     name = "wd1"
     paper = PaperSettings(
         lr=3e-6, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        published_code=True,
         source="xiaohangt/wd1 wd1/train.yaml (lr, max_grad_norm, use_peft; temperature: d1's config default 0.9); run/wll_NP_sudoku.sh (NUM_ITER=8)",
-        per_task={"sudoku": {"algorithm": {"inner_iterations": 8}}},
-        embedded_lr_factor=1 / 3,
-        embedded_note="at its paper ratio (3x Coupled-GRPO's lr: 3e-4 on the tiny LLaDA with its LoRA; no ratio, clip or "
-                      "KL) seed 0 gained +0.073 and seed 1 lost 0.064 (held-out 0.410 -> 0.346, its training reward fell "
-                      "0.43 -> 0.15 in the last step, gradient norm 2.9); at 1e-4 (factor 1/3) seeds 0, 1 and 2 rose to "
-                      "0.571, 0.564 and 0.564 (200 held-out puzzles, docs/comparison.md).")
+        per_task={"sudoku": {"algorithm": {"inner_iterations": 8}}})
     config_class = WD1Config
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

@@ -2,10 +2,12 @@
 task (the shipped tiny SFT checkpoints) with a matched budget (same optimizer updates and rollouts), matched
 rollout / reward / eval settings, and each method's own paper settings (lr scale, grad clip, temperature, task values).
 
-Writes ``comparison.md`` (SFT baseline and each algorithm: held-out mean reward, mean and spread over seeds),
-``comparison.json`` and ``comparison.png`` (all reward curves) to ``--output-dir``; ``--docs DIR`` copies the table
-and figure there. Rerunning reuses finished runs, so newly registered algorithms are added by running it again.
-See docs/comparison.md.
+Writes ``comparison.json`` (the report's data: SFT baseline and each algorithm's held-out mean reward, mean and
+spread over seeds, settings), ``comparison.md`` (the table rendered from that data) and ``comparison.png`` (all reward
+curves) to ``--output-dir``; ``--docs DIR`` writes the table (comparison_table.md), its data and the figure there.
+Rerunning reuses finished runs, so newly registered algorithms are added by running it again. ``--report-only
+--data FILE`` renders the table from a stored data file alone (docs/comparison.json: the checked-in table). The code
+is ``dare.comparison``; see docs/comparison.md.
 """
 from __future__ import annotations
 
@@ -32,9 +34,14 @@ def add_arguments(p):
     p.add_argument("--set", action="append", default=[], metavar="[ALGO:]KEY=VALUE", dest="overrides",
                    help="override a recipe field for every run, or for one algorithm with ALGO: in front "
                         "(e.g. --set optim.lr=2e-4 --set bgpo:algorithm.num_mc=8)")
-    p.add_argument("--docs", default=None, metavar="DIR", help="also copy the table and PNG to DIR (e.g. docs)")
+    p.add_argument("--docs", default=None, metavar="DIR",
+                   help="also write the table (comparison_table.md), its data (comparison.json) and the PNG to DIR "
+                        "(e.g. docs)")
     p.add_argument("--report-only", action="store_true",
                    help="only write the table and figure of the runs already finished in --output-dir; start none")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="with --report-only: render the table from this stored comparison.json (e.g. "
+                        "docs/comparison.json) instead of the runs in --output-dir (no figure: it needs the runs)")
     p.add_argument("--no-resume", action="store_true", help="rerun every run even when its results exist")
     p.add_argument("--threads", type=int, default=1, help="torch CPU intra-op threads per run (default 1; 0: PyTorch's "
                    "choice)")
@@ -46,16 +53,21 @@ def _names(value):
 
 
 def run(args) -> int:
-    from dare.quickstart.compare import CompareOptions, run_compare
+    from dare.comparison.run import CompareOptions, report_from_data, run_compare
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.data and not args.report_only:
+        raise ValueError("--data needs --report-only (it renders a stored report; it runs nothing)")
     opts = CompareOptions(algorithms=_names(args.algorithms), families=_names(args.families), task=args.task,
                           seeds=args.seeds, updates=args.updates, paper_settings=not args.shared_settings,
                           eval_limit=args.eval_limit, output_dir=args.output_dir,
                           overrides=list(args.overrides), resume=not args.no_resume, report_only=args.report_only,
                           docs_dir=args.docs,
                           threads=args.threads or None, progress=not args.no_progress)
+    if args.data:
+        report_from_data(args.data, opts)
+        return 0
     results = run_compare(opts)
     failed = sum(len(r.get("failed", {})) for r in results.values())
     return 1 if failed and not any(r["runs"] for r in results.values()) else 0

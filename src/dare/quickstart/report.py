@@ -1,8 +1,6 @@
-"""Tables and figures of the quickstart (before/after) and of the RL comparison (baseline + every algorithm)."""
+"""Tables and figures of the quickstart (before/after; the comparison's are dare.comparison.report)."""
 from __future__ import annotations
 
-import math
-import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -71,7 +69,8 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (runs write PNGs on machines without a display)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -80,7 +79,7 @@ def _plt():
 
 def quickstart_plot(out: Path, sft_metrics: Path, rl_metrics: Path, rows: list[dict], title: str = "") -> Optional[Path]:
     """Three panels: SFT loss, RL training reward (raw + moving average), held-out mean reward before/after."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.6))
     loss = read_curve(sft_metrics, "loss")
     ax = axes[0]
@@ -122,114 +121,6 @@ def quickstart_plot(out: Path, sft_metrics: Path, rl_metrics: Path, rows: list[d
     ax.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The comparison
-# ----------------------------------------------------------------------------------------------------------
-
-
-def mean_spread(values: list[float]) -> tuple[Optional[float], Optional[float]]:
-    """Mean and sample standard deviation (0 for one value; None for none)."""
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def learning_verdict(gain: float, spread: float, anchor_gain: Optional[float], n_seeds: int) -> str:
-    """The comparison's bar: the mean held-out gain is above twice its seed spread and at least half the default
-    (anchor) method's gain."""
-    if n_seeds < 2:
-        return "1 seed"
-    ok = gain > 2.0 * spread and gain > 0 and (anchor_gain is None or anchor_gain <= 0 or gain >= 0.5 * anchor_gain)
-    return "yes" if ok else "no"
-
-
-def _run_gains(runs: list[dict], bench: str, base: float) -> tuple[float, float]:
-    m, sd = mean_spread([r["after"][bench]["mean_score"] for r in runs])
-    return m - base, sd
-
-
-def compare_table(results: dict, bench: str) -> str:
-    """Markdown table of the comparison: per family, the SFT baseline then one row per algorithm.
-
-    ``results = {family: {"baseline": summary, "anchor": name, "runs": {algo: [run, ...]}, "failed": {algo: msg}}}``
-    where a run holds ``after`` ({bench: summary}), ``seed``, ``seconds``, ``settings`` (mu, steps, lr, ...) and
-    ``train_reward_first/last``.
-    """
-    head = ["model", "method", "mu", "steps x prompts", "lr", "clip", "temp.", "LoRA r", f"held-out {bench} mean reward",
-            "change vs SFT", "learns", "solved (%)", "seeds", "train reward first -> last", "min / run"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|"]
-    for family, res in results.items():
-        base = res["baseline"][bench]
-        lines.append(f"| {family} | SFT baseline | | | | | | | {base['mean_score']:.3f} | | | {_pct(base['accuracy'])} "
-                     f"| - | | |")
-        anchor_runs = res["runs"].get(res.get("anchor"))
-        anchor_gain = _run_gains(anchor_runs, bench, base["mean_score"])[0] if anchor_runs else None
-        for algo, runs in sorted(res["runs"].items()):
-            scores = [r["after"][bench]["mean_score"] for r in runs]
-            m, sd = mean_spread(scores)
-            ma, _ = mean_spread([r["after"][bench]["accuracy"] for r in runs])
-            first, _ = mean_spread([r["train_reward_first"] for r in runs if r.get("train_reward_first") is not None])
-            last, _ = mean_spread([r["train_reward_last"] for r in runs if r.get("train_reward_last") is not None])
-            mins, _ = mean_spread([r["seconds"] / 60.0 for r in runs])
-            delta = m - base["mean_score"]
-            st = runs[0].get("settings") or {}
-            clip = st.get("grad_clip")
-            cells = [family, algo + (" (default)" if algo == res.get("anchor") else ""), str(st.get("mu", "-")),
-                     f"{st['steps']} x {st['prompts_per_step']}" if "steps" in st else str(runs[0].get("steps", "-")),
-                     f"{st['lr']:.3g}" if "lr" in st else "-", "-" if clip is None else f"{clip:g}",
-                     f"{st['temperature']:g}" if "temperature" in st else "-", str(st.get("lora") or "-"),
-                     f"{m:.3f} ± {sd:.3f}", f"{delta:+.3f}",
-                     learning_verdict(delta, sd, anchor_gain, len(runs)), _pct(ma), str(len(runs)),
-                     f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-", f"{mins:.1f}"]
-            lines.append("| " + " | ".join(cells) + " |")
-        for algo, msg in sorted(res.get("failed", {}).items()):
-            lines.append(f"| {family} | {algo} | | | | | | | failed: {msg} | | | | | | |")
-    return "\n".join(lines) + "\n"
-
-
-def compare_plot(out: Path, results: dict, bench: str, window: int = 5) -> Optional[Path]:
-    """One panel per family: every algorithm's RL training reward against optimizer updates (the matched budget;
-    moving average, mean over seeds with a min-max band), the held-out means in the legend and the SFT baseline as a
-    dashed line."""
-    plt = _plt()
-    fams = [f for f in results if results[f]["runs"]]
-    if not fams:
-        return None
-    fig, axes = plt.subplots(1, len(fams), figsize=(7.0 * len(fams), 4.6), squeeze=False)
-    for ax, family in zip(axes[0], fams):
-        res = results[family]
-        cmap = plt.get_cmap("tab20")
-        for i, (algo, runs) in enumerate(sorted(res["runs"].items())):
-            curves = [read_curve(r["metrics"], "reward_mean") for r in runs]
-            curves = [c for c in curves if c]
-            if not curves:
-                continue
-            n = min(len(c) for c in curves)
-            mu = (runs[0].get("settings") or {}).get("mu", 1)
-            x = [p[0] * mu for p in curves[0][:n]]  # optimizer updates after each step
-            per_seed = [smooth([p[1] for p in c[:n]], window) for c in curves]
-            mean = [statistics.fmean(v[j] for v in per_seed) for j in range(n)]
-            lo = [min(v[j] for v in per_seed) for j in range(n)]
-            hi = [max(v[j] for v in per_seed) for j in range(n)]
-            held, sd = mean_spread([r["after"][bench]["mean_score"] for r in runs])
-            color = cmap(i % 20)
-            ax.plot(x, mean, lw=1.6, color=color, marker="o" if n < 12 else None, ms=3,
-                    label=f"{algo} (held-out {held:.3f} ± {sd:.3f})")
-            if len(per_seed) > 1:
-                ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
-        base = res["baseline"][bench]["mean_score"]
-        ax.axhline(base, color="k", ls="--", lw=1, label=f"SFT baseline held-out {base:.3f}")
-        ax.set_title(f"{family}: RL training reward (moving avg {window}; mean and min-max over seeds)", fontsize=10)
-        ax.set_xlabel("optimizer updates (every method: the same updates and rollouts)")
-        ax.set_ylabel(f"{bench} reward (sampled rollouts)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

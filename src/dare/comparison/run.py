@@ -1,4 +1,5 @@
-"""``dare compare``: every registered RL algorithm on the embedded CPU task, side by side (a mini Table 5).
+"""Running the comparison (``dare compare``): every registered RL algorithm on the embedded CPU task, side by side
+(a mini Table 5).
 
 For each shipped SFT checkpoint of the chosen task (one per family: a tiny LLaDA and a tiny SDAR) the comparison
 evaluates the SFT baseline once, then runs every registered RL algorithm whose ``supports`` lists the checkpoint's
@@ -12,16 +13,18 @@ The comparison is **budget-matched** and uses **each method's own paper settings
   sees the same number of rollouts: a method with ``mu`` inner iterations runs ``updates / mu`` steps of
   ``mu x train.batch_size`` prompts (warm-up counts updates, so it is matched too);
 * its learning rate is the recipe's ``optim.lr`` times ``paper.lr / anchor.paper.lr`` (the anchor is the recipe's
-  ``algorithm.name``, the default method), its gradient-norm clip and rollout temperature are its paper's, and so
-  are the per-task values of its authors' scripts for the recipe's task (mu, KL, ...).
+  ``algorithm.name``, the default method) times the comparison's documented factor for the method, if any
+  (``departures.LR_DEPARTURES``), its gradient-norm clip and rollout temperature are its paper's, and so are the
+  per-task values of its authors' scripts for the recipe's task (mu, KL, ...).
 
 ``--shared-settings`` turns the second part off (one lr / clip / temperature for all, each method's config defaults).
 Algorithms come from the registry (``dare.algorithms.ALGORITHMS``, ``uses_rollout``), never from a list of names;
 finished runs are reused (``summary.json`` per run), only new ones run.
 
 Outputs (``--output-dir``): one folder per (family, algorithm, seed) with the run and its held-out eval,
-``comparison.md`` / ``comparison.json`` (baseline and each algorithm: settings, mean and spread over seeds, whether
-it learns) and ``comparison.png`` (reward curves over optimizer updates, mean and band over seeds).
+``comparison.json`` (the report's data: baseline and each algorithm's settings, mean and spread over seeds, ...;
+``report.py``), ``comparison.md`` (the table rendered from that data) and ``comparison.png`` (reward curves over
+optimizer updates, mean and band over seeds). ``report_from_data`` renders the table from a stored data file alone.
 """
 from __future__ import annotations
 
@@ -33,9 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .assets import recipe_path, shipped_checkpoints
-from .report import compare_plot, compare_table
-from .stages import eval_stage, fmt_seconds, load_stage_recipe, read_curve, set_threads, train_stage
+from ..quickstart.assets import get_checkpoint, recipe_path, shipped_checkpoints
+from ..quickstart.stages import eval_stage, fmt_seconds, load_stage_recipe, read_curve, set_threads, train_stage
+from .departures import lr_factor
+from .report import compare_plot, comparison_data, dump_data, load_data, render_table
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ class CompareOptions:
     overrides: list[str] = field(default_factory=list)  # "key=value" for every run, "algo:key=value" for one method
     resume: bool = True  # reuse finished runs (their summary.json)
     report_only: bool = False  # only tabulate finished runs (e.g. while others still run); start none
-    docs_dir: Optional[str] = None  # also copy comparison.md/.png there (e.g. docs/)
+    docs_dir: Optional[str] = None  # also write the table, its data and the figure there (e.g. docs/)
     threads: Optional[int] = 1  # torch intra-op threads (None: PyTorch's choice)
     progress: bool = True
 
@@ -130,7 +134,8 @@ def method_settings(rpath, base_ov: list[str], name: str, anchor: str, opts: Com
     if opts.paper_settings:
         ds = base.data.dataset
         task = DATASETS[ds.name].task if ds is not None and ds.name in DATASETS else None
-        ov += paper_overrides(get_algorithm(name), get_algorithm(anchor), base.optim.lr, task, attention)
+        ov += paper_overrides(get_algorithm(name), get_algorithm(anchor), base.optim.lr, task, attention,
+                              lr_factor=lr_factor(name))
     ov += list(user_ov) + [f"algorithm.name={name}"]
     recipe = load_stage_recipe(rpath, base_ov + ov)
     mu = build_algorithm(recipe.algorithm).inner_iterations
@@ -154,8 +159,7 @@ def compare_recipe(ck) -> tuple[Path, list[str]]:
 
 def default_task() -> str:
     """The task of the default quickstart checkpoint."""
-    from .pipeline import DEFAULT_CHECKPOINT
-    from .assets import get_checkpoint
+    from ..quickstart.pipeline import DEFAULT_CHECKPOINT
     return get_checkpoint(DEFAULT_CHECKPOINT).task
 
 
@@ -256,16 +260,33 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
 
 
 def write_outputs(out: Path, results: dict, bench: str, opts: CompareOptions, echo=print) -> None:
-    table = compare_table(results, bench)
-    (out / "comparison.md").write_text(table)
-    (out / "comparison.json").write_text(json.dumps(results, indent=1, default=str))
+    """The report of finished runs: its data, the table rendered from the data, and the figure (from the runs)."""
     png = compare_plot(out / "comparison.png", results, bench)
+    write_report(out, comparison_data(results, bench), opts.docs_dir, echo, png)
+
+
+def write_report(out: Path, data: dict, docs_dir: Optional[str], echo=print, png: Optional[Path] = None) -> None:
+    """``out``/comparison.json (the data) and comparison.md (the table rendered from it); with ``docs_dir``, the same
+    table as comparison_table.md and the data as comparison.json there, and the figure if there is one."""
+    table = render_table(data)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(table, encoding="utf-8")
+    (out / "comparison.json").write_text(dump_data(data), encoding="utf-8")
     echo("\n" + table, flush=True)
     echo(f"wrote {out / 'comparison.md'}, {out / 'comparison.json'}" + (f", {png}" if png else ""), flush=True)
-    if opts.docs_dir:
-        docs = Path(opts.docs_dir)
+    if docs_dir:
+        docs = Path(docs_dir)
         docs.mkdir(parents=True, exist_ok=True)
-        (docs / "comparison_table.md").write_text(table)
+        (docs / "comparison_table.md").write_text(table, encoding="utf-8")
+        (docs / "comparison.json").write_text(dump_data(data), encoding="utf-8")
         if png:
             shutil.copyfile(png, docs / "comparison.png")
-        echo(f"copied the table and figure to {docs}", flush=True)
+        echo(f"wrote the table and its data{' and the figure' if png else ''} to {docs}", flush=True)
+
+
+def report_from_data(path, opts: CompareOptions, echo=print) -> dict:
+    """``--report-only --data FILE``: the table of a stored report's data (e.g. docs/comparison.json), no runs needed
+    (the figure needs the runs' curves, so none is drawn); written as ``write_report`` does. Returns the data."""
+    data = load_data(path)
+    write_report(Path(opts.output_dir), data, opts.docs_dir, echo)
+    return data

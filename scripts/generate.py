@@ -1,0 +1,154 @@
+"""Regenerate every generated artifact of the repository from its source, or check that none is stale.
+
+    python scripts/generate.py            # rewrite every stale artifact
+    python scripts/generate.py --check    # exit 1 naming each stale file (tests/test_generate.py runs this)
+    python scripts/generate.py --only matrix comparison    # some of them
+
+The artifacts (name: files <- source):
+
+- matrix: README.md's algorithm x family support matrix (between the support-matrix markers) <- the algorithm and
+  family registries (``dare.algorithms.matrix``; ``dare algorithms --matrix`` prints the same table);
+- paper-recipes: recipes/paper/** <- scripts/make_paper_recipes.py (the registry's RL methods x models x tasks), each
+  header with its planned peak from docs/plan_recipes.json;
+- paper-settings: the paragraph between the paper-settings markers of docs/algorithms/<name>.md <- the method's
+  ``paper`` (``paper_markdown``) and the comparison's documented departure for it (``dare.comparison.departures``);
+- plans: docs/plan_recipes.md and the "Expected resources (full size)" section of docs/paper_recipes.md <-
+  docs/plan_recipes.json, without planning (``python scripts/plan_recipes.py`` plans, about an hour);
+- comparison: docs/comparison_table.md and the table between the comparison-table markers of docs/comparison.md <-
+  docs/comparison.json, the comparison's stored data (``dare compare --docs docs`` writes it from its runs).
+
+Everything is rendered in this process from this checkout's code, with only the package's own algorithms registered.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's dare, whatever is installed
+sys.path.insert(0, str(ROOT / "scripts"))  # the grid and plan scripts below
+
+import make_paper_recipes  # noqa: E402
+import plan_recipes  # noqa: E402
+
+PAPER_MARKERS = ("<!-- paper-settings:start -->", "<!-- paper-settings:end -->")
+TABLE_MARKERS = ("<!-- comparison-table:start -->", "<!-- comparison-table:end -->")
+COMPARISON_DATA = ROOT / "docs" / "comparison.json"
+
+# path -> new text, or None for a file to remove (a recipe the grid no longer has)
+Rendered = dict[Path, Optional[str]]
+
+
+def replace_between(text: str, markers: tuple[str, str], body: str, where: str) -> str:
+    """``text`` with what lies between the two marker lines replaced by ``body`` (the markers and the rest kept)."""
+    start, end = text.find(markers[0]), text.find(markers[1])
+    if start < 0 or end < start:
+        raise ValueError(f"{where}: no '{markers[0]}' ... '{markers[1]}' block to regenerate")
+    return text[:start + len(markers[0])] + "\n" + body + "\n" + text[end:]
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def readme_matrix() -> Rendered:
+    from dare.algorithms.matrix import with_matrix
+    readme = ROOT / "README.md"
+    return {readme: with_matrix(_read(readme), "README.md")}
+
+
+def paper_recipes() -> Rendered:
+    files: Rendered = dict(make_paper_recipes.render_all())
+    for extra in set(make_paper_recipes.OUT.rglob("*.yaml")) - set(files):
+        files[extra] = None
+    return files
+
+
+def paper_settings_docs() -> Rendered:
+    from dare.algorithms import ALGORITHMS, load_builtin_algorithms
+    from dare.algorithms.paper import paper_markdown
+    from dare.comparison.departures import departure_markdown
+    load_builtin_algorithms()
+    out: Rendered = {}
+    for name, cls in sorted(ALGORITHMS.items()):
+        if getattr(cls, "paper", None) is None:
+            continue
+        doc = ROOT / "docs" / "algorithms" / f"{name}.md"
+        if not doc.is_file():
+            raise ValueError(f"{doc.relative_to(ROOT)} is missing: a method with paper settings has a doc with a "
+                             f"'## Paper settings' section holding the {PAPER_MARKERS[0]} ... {PAPER_MARKERS[1]} lines")
+        block = paper_markdown(cls) + departure_markdown(name)
+        out[doc] = replace_between(_read(doc), PAPER_MARKERS, block, str(doc.relative_to(ROOT)))
+    return out
+
+
+def plan_tables() -> Rendered:
+    return dict(plan_recipes.rendered(json.loads(plan_recipes.OUT_JSON.read_text())))
+
+
+def comparison_report() -> Rendered:
+    from dare.comparison.report import load_data, render_table
+    table = render_table(load_data(COMPARISON_DATA))
+    doc = ROOT / "docs" / "comparison.md"
+    return {ROOT / "docs" / "comparison_table.md": table,
+            doc: replace_between(_read(doc), TABLE_MARKERS, table, "docs/comparison.md")}
+
+
+ARTIFACTS: dict[str, Callable[[], Rendered]] = {
+    "matrix": readme_matrix, "paper-recipes": paper_recipes, "paper-settings": paper_settings_docs,
+    "plans": plan_tables, "comparison": comparison_report,
+}
+
+
+def stale(artifacts: dict[str, Callable[[], Rendered]]) -> list[tuple[str, Path, Optional[str]]]:
+    """(artifact, file, new text or None to remove) for every file on disk that differs from its rendering."""
+    out = []
+    for name, render in artifacts.items():
+        for path, text in render().items():
+            current = _read(path) if path.is_file() else None
+            if current != text:
+                out.append((name, path, text))
+    return out
+
+
+def write(changes: list[tuple[str, Path, Optional[str]]]) -> None:
+    for _, path, text in changes:
+        if text is None:
+            path.unlink()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if any artifact is stale")
+    ap.add_argument("--only", nargs="+", choices=list(ARTIFACTS), default=None, help="these artifacts only")
+    args = ap.parse_args(argv)
+    chosen = {n: f for n, f in ARTIFACTS.items() if args.only is None or n in args.only}
+    try:
+        changes = stale(chosen)
+    except ValueError as e:  # a source that cannot be rendered (a doc without its markers): say which, fail
+        print(f"error: {e}")
+        return 1
+    for name, path, text in changes:
+        what = "not generated any more" if text is None else "missing" if not path.is_file() else "stale"
+        print(f"{'' if args.check else 'updating '}{_shown(path)}: {what} ({name})")
+    if args.check:
+        if changes:
+            print(f"{len(changes)} generated file(s) out of date: run `python scripts/generate.py`")
+        return 1 if changes else 0
+    write(changes)
+    print(f"{len(changes)} file(s) updated; {', '.join(chosen)} up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The comparison's report: its data (docs/comparison.json, what the table shows) renders the checked-in table byte
+for byte, and a report written from runs renders back from its stored data alone."""
+import json
+from pathlib import Path
+
+import pytest
+
+from dare.comparison.report import comparison_data, compare_table, dump_data, load_data, render_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(score, seed, seconds=60.0, first=0.3, last=0.5):
+    return {"after": {"sudoku": {"mean_score": score, "accuracy": score / 10}}, "seed": seed, "seconds": seconds,
+            "train_reward_first": first, "train_reward_last": last,
+            "settings": {"mu": 2, "steps": 24, "prompts_per_step": 8, "updates": 48, "lr": 1e-4 / 3, "grad_clip": 0.2,
+                         "temperature": 1.0, "rollouts": 1536, "paper_settings": True, "lora": None}}
+
+
+def test_the_checked_in_table_is_rendered_from_its_stored_data():
+    data = load_data(ROOT / "docs" / "comparison.json")
+    assert render_table(data) == (ROOT / "docs" / "comparison_table.md").read_text(encoding="utf-8")
+    for fam in data["families"]:  # every method of the table has its settings and measurements
+        assert fam["anchor"] in {e["algorithm"] for e in fam["methods"]}
+        for e in fam["methods"]:
+            assert e["seeds"] >= 1
+            assert {"mu", "steps", "prompts_per_step", "lr", "grad_clip", "temperature"} <= set(e["settings"])
+
+
+def test_report_only_renders_the_stored_data_byte_for_byte(tmp_path, capsys):
+    """``dare compare --report-only --data docs/comparison.json --docs DIR``: the checked-in table, no runs needed."""
+    from dare.cli import main as dare_main
+    assert dare_main(["compare", "--report-only", "--data", str(ROOT / "docs" / "comparison.json"),
+                      "--output-dir", str(tmp_path / "out"), "--docs", str(tmp_path / "docs")]) == 0
+    table = (ROOT / "docs" / "comparison_table.md").read_text(encoding="utf-8")
+    assert (tmp_path / "docs" / "comparison_table.md").read_text(encoding="utf-8") == table
+    assert (tmp_path / "out" / "comparison.md").read_text(encoding="utf-8") == table
+    assert load_data(tmp_path / "docs" / "comparison.json") == load_data(ROOT / "docs" / "comparison.json")
+    assert dare_main(["compare", "--data", str(ROOT / "docs" / "comparison.json"), "--output-dir", str(tmp_path)]) == 2
+    assert "--data needs --report-only" in capsys.readouterr().err
+
+
+def test_data_from_runs_round_trips_through_its_file(tmp_path):
+    """What ``dare compare`` writes from its runs renders the same table from the file as from the runs."""
+    results = {"llada": {"checkpoint": "ck", "task": "t", "anchor": "coupled_grpo",
+                         "baseline": {"sudoku": {"mean_score": 0.41, "accuracy": 0.005}},
+                         "runs": {"coupled_grpo": [_run(0.6, 0, 200.0), _run(0.6123456789, 1, 190.0)],
+                                  "d1": [_run(0.5, 0, first=None, last=None)]},
+                         "failed": {"spg": "RuntimeError: boom"}}}
+    data = comparison_data(results, "sudoku")
+    (tmp_path / "comparison.json").write_text(dump_data(data), encoding="utf-8")
+    stored = load_data(tmp_path / "comparison.json")
+    assert stored == data and render_table(stored) == compare_table(results, "sudoku")
+    entry = stored["families"][0]["methods"][0]
+    assert entry["algorithm"] == "coupled_grpo" and entry["seeds"] == 2
+    assert entry["change"] == pytest.approx(0.6061728 - 0.41)
+    table = render_table(stored)
+    assert "| llada | coupled_grpo (default) | 2 | 24 x 8 | 3.33e-05 | 0.2 | 1 | - |" in table
+    assert "| llada | d1 | 2 | 24 x 8 |" in table and "| 1 seed |" in table and "| 1 | - | 1.0 |" in table
+    assert "| llada | spg | | | | | | | failed: RuntimeError: boom |" in table
+
+
+def test_a_file_that_is_no_report_is_an_error_naming_it(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"llada": {}}))
+    with pytest.raises(ValueError, match="x.json"):
+        load_data(bad)
