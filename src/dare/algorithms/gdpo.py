@@ -120,7 +120,7 @@ class GDPO(SequenceRatioAlgorithm):
     """Quadrature (semi-deterministic MC) sequence ELBO; sequence-level ratio exp(dB/L) clipped at 0.5; no KL."""
     name = "gdpo"
     paper = PaperSettings(
-        lr=3e-7, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64},
+        lr=3e-7, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64}, published_code=True,
         source="KevinRojas1499/GDPO gdpo/train.yaml (learning_rate, max_grad_norm, num_iterations 12, epsilon 0.5, "
                "beta 0, num_generations 6, LoRA r/alpha), gdpo/gdpo_config.py (temperature 0.9), "
                "gdpo/slurm_scripts/countdown_base.sbatch (ESTIMATOR gauss-3)")
