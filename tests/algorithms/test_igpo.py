@@ -251,17 +251,38 @@ def test_config_checks_and_the_unsupported_kind():
         build_algorithm(IGPOConfig()).check_model(model.adapter)
 
 
-# --- learning --------------------------------------------------------------------------------------------------
+# --- learning ---------------------------------------------------------------------------------------------------
+
+
+def _sevens_data(tmp_path) -> str:
+    """Rows whose gold completion (template ``plain``: the worked solution first) is all sevens."""
+    data = tmp_path / "sevens.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "7777777777777777\n#### 7"}) + "\n"
+                            for i in range(64)))
+    return str(data)
+
+
+def _replaced(run: Path) -> list[float]:
+    return [json.loads(line)["igpo_replaced"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
 def test_igpo_learns_the_toy_reward_with_hinted_groups(tmp_path):
-    """The toy '7' reward with 'correct' = at least half sevens: at first every group is all wrong, so the hinted round
-    (references made of sevens) gives the groups their first correct rollouts."""
-    data = tmp_path / "sevens.jsonl"
-    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "7777777777777777\n#### 7"}) + "\n"
-                            for i in range(64)))
-    rewards = learns_toy_reward(tmp_path / "run", "igpo", "llada", f"data.dataset={{path: {data}, template: plain}}",
-                                "algorithm.correct_reward=0.5", "algorithm.hint_free_tail=0",
+    """The toy '7' reward, correct = all sevens: every group starts all wrong, so each step decodes hinted rollouts
+    (references made of sevens) and swaps in those that come out all sevens. Hints are never scored (default)."""
+    run = tmp_path / "run"
+    rewards = learns_toy_reward(run, "igpo", "llada", f"data.dataset={{path: {_sevens_data(tmp_path)}, template: plain}}",
+                                "algorithm.correct_reward=1.0", "algorithm.hint_free_tail=0",
                                 "algorithm.hint_min_chunk=1", "algorithm.hint_max_chunk=2")
-    assert rewards[-1] > rewards[0]
+    assert sum(_replaced(run)) > 0, rewards  # the hinted round did give groups correct rollouts
+
+
+@pytest.mark.slow
+def test_igpo_with_scored_hints_learns_from_frequent_replacements(tmp_path):
+    """The reference's treatment (hints masked and scored, top-entropy fifth kept) with correct = at least half
+    sevens: every all-wrong group gets two hinted rollouts per step, and the policy learns the hinted sevens."""
+    run = tmp_path / "run"
+    rewards = learns_toy_reward(run, "igpo", "llada", f"data.dataset={{path: {_sevens_data(tmp_path)}, template: plain}}",
+                                "algorithm.correct_reward=0.5", "algorithm.hint_free_tail=0", "algorithm.score_hints=true",
+                                "algorithm.hint_min_chunk=1", "algorithm.hint_max_chunk=2")
+    assert _replaced(run)[0] > 0, rewards

@@ -49,10 +49,10 @@ class IGPOConfig(GRPOConfig):
     inner_iterations: int = 4  # run_igpo.sh l.5 num_iterations=4
     clip_low: float = 0.2  # run_igpo.sh l.143 --epsilon_low 0.2
     clip_high: Optional[float] = 0.2  # l.144 --epsilon_high 0.2
-    beta: float = 0.01  # l.142 --beta 0.01 (per-token k3, trainer_igpo.py l.631-637)
-    sequence_ratio: bool = True  # l.5 use_gspo=true: sequence ratio exp(mean log-ratio), trainer_igpo.py l.646-661
+    beta: float = 0.01  # l.142 --beta 0.01 (per-token k3, trainer_igpo.py l.633-639)
+    sequence_ratio: bool = True  # l.5 use_gspo=true -> l.157: sequence ratio exp(mean log-ratio), trainer_igpo.py l.651-666
     # A completion is correct when its reward is at least this (dare's task rewards give a correct answer 1; the
-    # reference tests its correctness reward == 0 for "wrong", trainer_igpo.py l.1282-1286).
+    # reference tests its correctness reward == 0 for "wrong", trainer_igpo.py l.1281-1286).
     correct_reward: float = 1.0
     max_replacements: int = 4  # l.5 max_replacement=4 -> l.156
     hint_ratio_low: float = 0.2  # l.5 inpaint_chunk_ratio_low=0.2 -> l.154
