@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import case, centred, load_reference, log_probs, perturbed, record, rl_inputs, source_block, trainer
+from loss_parity_lib import (case, centred, load_reference, log_probs, perturbed, record, rl_inputs, source_block,
+                             trainer)
 
 REL = "trainer_igpo.py"
 SEQ_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group")
@@ -75,7 +76,8 @@ def igpo(ref):
     block = source_block(ref.file(REL), "# Apply entropy-based filtering for inpainted tokens",
                          "# Decode completions and compute rewards", torch=torch, inpaint_masks=inpaint,
                          logits_to_keep=L, masked_token_mask=masked, all_per_token_entropy=entropy.expand(mu, B, L),
-                         self=SimpleNamespace(num_iterations=mu, args=SimpleNamespace(entropy_clipping_ratio_inpaint=0.2)))
+                         self=SimpleNamespace(num_iterations=mu,
+                                              args=SimpleNamespace(entropy_clipping_ratio_inpaint=0.2)))
     loss = _run(mod, x, logp, old, ref_lp, others, adv, block["filtered_masked_token_mask"], inpaint, mu, itr,
                 use_gspo=True)
     config = dict(inner_iterations=mu, clip_low=0.2, clip_high=0.2, beta=0.01, kl_estimator="k3",

@@ -92,7 +92,7 @@ def test_no_hints_and_empty_hints_decode_bit_identically():
 
 
 def test_hints_change_the_decode_around_them():
-    # Hints are context: the tokens decoded next to them see them (a random tiny model is still a function of its input).
+    # Hints are context: the tokens decoded around them see them (a random tiny model is a function of its input).
     family, cfg = CONFIGS["llada"]
     model = _tiny(family)
     hints = _hints(4, cfg.gen_length, density=0.5)

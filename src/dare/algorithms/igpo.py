@@ -50,7 +50,8 @@ class IGPOConfig(GRPOConfig):
     clip_low: float = 0.2  # run_igpo.sh l.143 --epsilon_low 0.2
     clip_high: Optional[float] = 0.2  # l.144 --epsilon_high 0.2
     beta: float = 0.01  # l.142 --beta 0.01 (per-token k3, trainer_igpo.py l.633-639)
-    sequence_ratio: bool = True  # l.5 use_gspo=true -> l.157: sequence ratio exp(mean log-ratio), trainer_igpo.py l.651-666
+    # l.5 use_gspo=true -> l.157: every token's ratio is exp(mean log-ratio) of its sequence, trainer_igpo.py l.651-666
+    sequence_ratio: bool = True
     # A completion is correct when its reward is at least this (dare's task rewards give a correct answer 1; the
     # reference tests its correctness reward == 0 for "wrong", trainer_igpo.py l.1281-1286).
     correct_reward: float = 1.0
@@ -87,7 +88,8 @@ class IGPOConfig(GRPOConfig):
 @dataclass
 class HintState:
     """IGPO's per-sample state (``batch.state``, from ``collect``): ``hint [B, Lc]`` the completion positions that held
-    a hint; ``scored_hint [B, Lc]`` the hint positions in the loss (``score_hints``: the entropy filter's; else none)."""
+    a hint; ``scored_hint [B, Lc]`` the hint positions in the loss (``score_hints``: the entropy filter's, else
+    none)."""
     hint: torch.Tensor
     scored_hint: torch.Tensor
 
@@ -106,7 +108,7 @@ def hint_entropy_filter(candidates: torch.Tensor, entropy: torch.Tensor, keep: f
 
 @register_algorithm
 class IGPO(GRPOAlgorithm):
-    """GRPO whose all-wrong groups get hinted rollouts: reference-solution chunks fixed in the canvas, correct ones swapped in."""
+    """GRPO; all-wrong groups are decoded again with reference chunks fixed in the canvas, correct ones swapped in."""
     name = "igpo"
     config_class = IGPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")

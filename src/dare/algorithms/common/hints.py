@@ -62,7 +62,8 @@ def revealed_chunks(chunks: list[tuple[int, int]], ratio: float, gen: torch.Gene
     return [c for i, c in enumerate(chunks) if i not in hidden or i == n - 1]
 
 
-def placed_chunks(chunks: list[tuple[int, int]], length: int, stretch: float, max_spacing: int) -> list[tuple[int, int]]:
+def placed_chunks(chunks: list[tuple[int, int]], length: int, stretch: float,
+                  max_spacing: int) -> list[tuple[int, int]]:
     """Canvas ``[start, end)`` of every revealed chunk (in order; fewer when the canvas runs out)."""
     out: list[tuple[int, int]] = []
     for i, (start, end) in enumerate(chunks):
