@@ -212,6 +212,21 @@ def dtreerpo(algo, x, monkeypatch):
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
 
+@runner("igpo")
+def igpo(algo, x, monkeypatch):
+    """IGPO: the hint state (``score_hints``: dare's entropy filter on the reference's old-policy entropies; else no
+    hint position in the loss), the scoring view's targets, and the loss on given per-token log-probs."""
+    from dare.algorithms.igpo import HintState, hint_entropy_filter
+    hint = x["hint_mask"].bool()
+    scored = torch.zeros_like(hint)
+    if algo.config.score_hints:
+        scored = hint_entropy_filter(hint & x["completion_mask"].bool(), x["entropy"], algo.config.hint_entropy_keep)
+    batch = rl_batch(x, state=HintState(hint, scored))
+    ctx, _ = prepared(algo, batch)
+    logp = leaf(x, "logp")
+    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
+
+
 # ----------------------------------------------------------------------------------------------------------
 
 

@@ -215,7 +215,7 @@ def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
     n = act.numel()
     post = torch.zeros(n, dtype=torch.long, device=st.x.device)
     done = st.finished[act].clone()
-    prompt = st.is_prompt[act, c0:c1]
+    prompt = st.fixed(act, c0, c1)  # prompt tokens and hints are never edited
     k_min = torch.full((n,), cfg.num_to_transfer, dtype=torch.long, device=st.x.device)
     limit = 4 * (c1 - c0) + cfg.max_post_steps
     it = 0

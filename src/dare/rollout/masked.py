@@ -107,7 +107,8 @@ class MaskedForward:
         ids, valid, pos = st.x[rows, f0:f1], st.valid[rows], st.pos[rows, f0:f1]
         n = ids.shape[0]
         if self.cfg_scale > 0:  # unconditional branch: prompt tokens masked, run in the same batch
-            un = ids.masked_fill(st.is_prompt[rows, f0:f1], st.mask_id)
+            # the condition is masked: the prompt, and any hints (the inpainting reference masks both)
+            un = ids.masked_fill(st.fixed(rows, f0, f1), st.mask_id)
             ids, valid, pos = torch.cat([ids, un]), torch.cat([valid, valid]), torch.cat([pos, pos])
             keep = None if keep is None else torch.cat([keep, keep])
         out = self.model(ids, attention_mask=None if self.all_valid else valid, position_ids=pos,
@@ -260,7 +261,7 @@ def _rcr_commit(ctx, cur, eligible, x0, score, counts, run_conf) -> torch.Tensor
     filled = torch.where(eligible, x0, cur)
     run = torch.where(eligible, score.double(), run_conf)
     remaining = counts[:, ctx.i + 1:].sum(1)
-    generated = ~st.is_prompt[rows, c0:c0 + BL]
+    generated = ~st.fixed(rows, c0, c0 + BL)  # prompt tokens and hints are never re-masked
     low = ranks(run.masked_fill(~generated, float("inf")), descending=False) < remaining[:, None]
     remask = generated & low
     new = filled.masked_fill(remask, st.mask_id)

@@ -46,6 +46,8 @@ class Rollout:
     # stopped; completions keep the mask id where nothing is committed yet; ``finished`` = rows already done.
     paused_at: Optional[tuple[int, int]] = None
     finished: Optional[torch.Tensor] = None
+    # [N, G] bool: completion positions that held a hint (``generate(hints=...)``), given, not decoded; None: no hints
+    hint_mask: Optional[torch.Tensor] = None
 
     @property
     def prompt_ids(self) -> torch.Tensor:

@@ -108,6 +108,9 @@ class DecodeState:
     start: tuple = (0, 0)
     pause: Optional[tuple] = None
     paused_at: Optional[tuple] = None
+    # Inpainting hints (``generate(hints=...)``): [N, W] bool, True where a completion column holds a token given
+    # before decoding. Hints are committed context like the prompt: never eligible, never re-masked or edited.
+    hint: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         N, W = self.x.shape
@@ -130,6 +133,18 @@ class DecodeState:
             return False
         self.paused_at = (block, step)
         return True
+
+    def fixed(self, rows: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
+        """Bool ``[len(rows), c1 - c0]``: columns no decoding step may change (prompt tokens and hints)."""
+        out = self.is_prompt[rows, c0:c1]
+        return out if self.hint is None else out | self.hint[rows, c0:c1]
+
+    def place_hints(self, hints: torch.Tensor) -> None:
+        """Write ``hints [N, gen_length]`` (token ids, -1 = none) into the completion columns before decoding."""
+        cols = self.completion_cols()
+        given = hints >= 0
+        self.x.scatter_(1, cols, torch.where(given, hints, self.x.gather(1, cols)))
+        self.hint = torch.zeros_like(self.is_prompt).scatter_(1, cols, given)
 
     def block_start_masks(self, rows: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
         """Masked positions of block [c0, c1) when it started: those still masked plus those written since (a
