@@ -104,9 +104,11 @@ class D2StepMerge(ReplayAlgorithm):
         published_code=True,
         source="kuleshov-group/d2 diffu-grpo/bash_scripts/train.yaml (learning_rate, max_grad_norm, lora_r, lora_alpha), "
                "diffu_grpo_config.py (temperature 0.9); gsm8k_d2stepmerge.sh (N 8, NUM_ITER 12), "
-               "countdown_d2stepmerge.sh (N 16, NUM_ITER 8), sudoku_d2stepmerge_N8.sh (N 8, NUM_ITER 8, temperature 0.3)",
+               "countdown_d2stepmerge.sh (N 16, NUM_ITER 8), sudoku_d2stepmerge_N8.sh (N 8, NUM_ITER 8, temperature 0.3), "
+               "math500_d2stepmerge.sh (N 16)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 8, "segments": 8}},
-                  "countdown": {"algorithm": {"inner_iterations": 8, "segments": 16}}})
+                  "countdown": {"algorithm": {"inner_iterations": 8, "segments": 16}},
+                  "math": {"algorithm": {"segments": 16}}})
     config_class = D2StepMergeConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 
