@@ -225,6 +225,7 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "dtreerpo": "THU-BPM/d-TreeRPO",
     "gdpo": "KevinRojas1499/GDPO",
     "igpo": "facebookresearch/igpo",
+    "d2": "kuleshov-group/d2",
 }
 
 

@@ -146,6 +146,15 @@ ADJUST = {
     "dtreerpo": Adjust("d-TreeRPO's tree replaces the group: 2 trunks x 4 branches = 8 leaves per prompt, the unified "
                        "group size (the authors' 4 x 4 = 16; docs/algorithms/dtreerpo.md)",
                        algorithm={"trunks": 2, "branch_factor": 4}),
+    "d2_anyorder": Adjust("d2-AnyOrder scores the any-order sampler's own conditionals: rollout.sampler.any_order "
+                          "(masks see only decoded tokens; 2 tokens per step at the unified steps = gen_length / 2, as "
+                          "the authors). It needs a checkpoint fine-tuned any-order (the authors': "
+                          "GuanghanWang/d2_anyorder_causal_llada_intellectsft_gsm8k); docs/algorithms/d2_anyorder.md",
+                          sampler={"any_order": True}),
+    "d2_stepmerge": Adjust("d2-StepMerge segments N = gen_length / 32: one segment per 32-token block, as the authors' "
+                           "GSM8K and MATH scripts (N = steps / steps per block)",
+                           per_task={"math": {"segments": 16}, "code": {"segments": 16}, "countdown": {"segments": 8},
+                                     "sudoku": {"segments": 8}}),
     "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
                   per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
                             "sudoku": {"eubo_beta": 1.0}}),

@@ -142,6 +142,52 @@ def replay(algo, x, monkeypatch):
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
 
+@runner("d2_stepmerge")
+def d2_stepmerge(algo, x, monkeypatch):
+    """d2-StepMerge: the segment views of the step map (the reference's prompt mask substituted), each row's view
+    scored with the reference's table of the segment it holds, the loss; the views must be the reference's inputs
+    (its masked prompt and the segment's snapshot)."""
+    from dare.algorithms import d2_stepmerge as module
+    from tests.algorithms.parity_io import MASK_ID
+    monkeypatch.setattr(module, "prompt_masks", lambda *a, **k: x["prompt_input"] == MASK_ID)
+    batch = rl_batch(x, step_map=x["step_map"])
+    ctx, views = prepared(algo, batch)
+    seg = leaf(x, "logp_segments")
+    B, P = x["prompt_ids"].shape
+    rows = torch.arange(B)
+    holds = batch.state.threshold.clamp_max(seg.shape[0] - 1)  # [B, R]: the segment row i's view r replays
+    for r, v in enumerate(views):
+        assert torch.equal(v.input_ids[:, :P], x["prompt_input"])
+        live = v.targets[:, P:].any(1)  # rows whose answer ends early have fewer segments with targets
+        assert torch.equal(v.input_ids[live, P:], x["snapshots"][holds[:, r], rows, P:][live])
+    hidden = [completion_hidden(seg[holds[:, r], rows], P, x["completion_ids"]) for r in range(len(views))]
+    current = algo.log_likelihood(ctx, TableModel(hidden), batch, views)
+    return algo.loss(ctx, batch, current, 0)[0], {"logp_segments": seg}
+
+
+@runner("d2_anyorder")
+def d2_anyorder(algo, x, monkeypatch):
+    """d2-AnyOrder: the one-pass view of the step map -- its attention and positions, put in the reference's decoding
+    order, must be the reference's ``get_logits`` bias and position ids -- scored with the leaf at its queries, the
+    loss."""
+    from types import SimpleNamespace
+    batch = rl_batch(x, step_map=x["step_map"])
+    ctx = StepContext(step=0, seed=0, adapter=SimpleNamespace(**vars(stub_adapter()), shift_logits=False))
+    (view,) = batch.views[0] = corrupt(algo, ctx, batch, 0)
+    ctx.norms = algo.normalizers(batch)
+    B, P = x["prompt_ids"].shape
+    Lc = x["completion_ids"].shape[1]
+    for i in range(B):
+        order = x["decode_order"][i]
+        perm = torch.cat([torch.arange(P), P + order, P + Lc + order])
+        assert torch.equal(view.attention_mask[i, 0][perm][:, perm], x["ref_attend"][i])
+        assert torch.equal(view.position_ids[i][perm], x["ref_position_ids"][i])
+    logp = leaf(x, "logp")
+    current = algo.log_likelihood(ctx, TableModel([completion_hidden(logp, P + Lc, x["completion_ids"])]), batch,
+                                  [view])
+    return algo.loss(ctx, batch, current, 0)[0], {"logp": logp}
+
+
 def _value_prepared(algo, x: dict):
     """TraceRL with its value model, in the loop's order: ``corrupt``, the value model's old values (given: what
     ``score_companions`` computes), the token returns and advantages, the normalisers."""

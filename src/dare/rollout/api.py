@@ -42,6 +42,9 @@ def check_config(model, config: SamplerConfig) -> None:
         if problem is not None:
             raise ValueError(f"compile=True needs torch.compile to build kernels on this machine (a C++ compiler and the "
                              f"Python headers); it could not: {problem}")
+    if config.any_order and adapter.attention != "bidirectional":
+        raise ValueError(f"any_order is a masked-diffusion (bidirectional) decoding; {adapter.family} is "
+                         f"{adapter.attention.replace('_', '-')}")
     if adapter.is_encoder_decoder:
         check_canvas_config(config)
         return

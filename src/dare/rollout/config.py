@@ -73,6 +73,10 @@ class SamplerConfig:
     # ~10-30 s per shape). Fused kernels round differently, so a compiled decode is judged by its tokens, not its
     # bits; off by default.
     compile: bool = False
+    # d2-AnyOrder's decoding (dare.diffusion.anyorder; masked-diffusion models fine-tuned any-order): a masked position
+    # sees the prompt, the decoded tokens and itself -- never another mask -- and decoded tokens attend causally in
+    # decoding order. Its trajectory likelihood is then one forward (docs/algorithms/d2_anyorder.md).
+    any_order: bool = False
     # --- DiffusionGemma's canvas sampler (uniform-noise encoder-decoder models; transformers' parameter names) ----
     # Each pass accepts the k lowest-entropy positions with sum(entropy) - max(entropy) <= entropy_bound and re-noises
     # the rest with uniform random tokens; the canvas's tokens are the last pass's argmax.
@@ -159,6 +163,9 @@ class SamplerConfig:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs threshold (the mask-to-token threshold)")
         if self.editing_threshold is not None and (self.factor is not None or self.schedule != "even"):
             raise ValueError("editing_threshold (LLaDA2.1 token editing) uses threshold + num_to_transfer; unset factor and schedule")
+        if self.any_order and (self.cache != "none" or self.cfg_scale > 0 or self.rcr or self.editing):
+            raise ValueError("any_order decodes with its own attention mask every step: it needs cache='none', "
+                             "cfg_scale=0 and no rcr / editing_threshold (a re-masked token would leave the decoding order)")
         self._check_canvas_fields()
 
     def _check_canvas_fields(self) -> None:

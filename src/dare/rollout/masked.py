@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..diffusion.anyorder import anyorder_inputs
 from ..models import LogitsRequest
 from . import schedule as sched
 from .config import SamplerConfig
@@ -101,6 +102,7 @@ class MaskedForward:
         self.shift = 1 if model.adapter.shift_logits else 0
         self.all_valid = bool(st.valid.all())
         self.cache = None
+        self.any_order = cfg.any_order
 
     def _call(self, rows, f0: int, f1: int, c0: int, c1: int, keep=None, **kw) -> torch.Tensor:
         st = self.st
@@ -122,7 +124,24 @@ class MaskedForward:
         return logits
 
     def full(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
+        if self.any_order:
+            return self._any_order(rows, c0, c1, keep)
         return self._call(rows, 0, self.st.x.shape[1], c0, c1, keep)
+
+    def _any_order(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
+        """d2-AnyOrder decoding (``cfg.any_order``): one [MASK] query per block position, seeing the prompt, every
+        decoded token and itself (``dare.diffusion.anyorder``); the queries' raw logits are the predictions (a query
+        already sits at the position that predicts its column, so no shift is applied here)."""
+        st = self.st
+        P = int(st.gen_start[0])
+        steps = st.row_steps[rows]
+        cols = torch.arange(c0 - P, c1 - P, device=st.x.device).expand(rows.numel(), -1)
+        ids, pos, mask = anyorder_inputs(st.x[rows, :P], st.valid[rows, :P], st.x[rows, P:], st.step_map[rows, P:],
+                                         cols, steps[:, None].expand_as(cols), st.mask_id, self.shift)
+        W = ids.shape[1]
+        logits = self.model(ids, attention_mask=mask, position_ids=pos,
+                            request=LogitsRequest(rows=slice(W - (c1 - c0), W))).logits.float()
+        return logits[keep] if keep is not None else logits
 
     def refresh(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
         """Full forward that (re)builds the cache of every position, then keeps what the mode needs."""
