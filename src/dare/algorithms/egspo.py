@@ -251,6 +251,7 @@ class EGSPO(GRPOAlgorithm):
     def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:
         cfg = self.config
         st = batch.state
+        # egspo's config has no stepwise keys (its step_rewards are None): the terminal advantage in every slot
         adv = stepwise_advantages(batch.rewards.float(), st.step_rewards, batch.group, cfg.sample_train_steps,
                                   getattr(cfg, "lambda1", 0.0), getattr(cfg, "normalize_returns", True),
                                   getattr(cfg, "centre_stepwise", True), cfg.advantage, cfg.advantage_eps)
