@@ -226,6 +226,7 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "gdpo": "KevinRojas1499/GDPO",
     "igpo": "facebookresearch/igpo",
     "d2": "kuleshov-group/d2",
+    "egspo": "vishnutez/egspo-dllm-rl",
 }
 
 

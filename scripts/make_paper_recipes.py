@@ -155,6 +155,12 @@ ADJUST = {
                            "GSM8K and MATH scripts (N = steps / steps per block)",
                            per_task={"math": {"segments": 16}, "code": {"segments": 16}, "countdown": {"segments": 8},
                                      "sudoku": {"segments": 8}}),
+    "egspo": Adjust("EGSPO trains each completion's highest-entropy denoising steps: the sampler records the predictive "
+                    "entropy of every committed token (record_entropy; docs/algorithms/egspo.md)",
+                    sampler={"record_entropy": True}),
+    "egspo_sa": Adjust("EGSPO-SA trains each completion's highest-entropy denoising steps: the sampler records the "
+                       "predictive entropy of every committed token (record_entropy; docs/algorithms/egspo_sa.md)",
+                       sampler={"record_entropy": True}),
     "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
                   per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
                             "sudoku": {"eubo_beta": 1.0}}),

@@ -236,6 +236,56 @@ def mdpo(algo, x, monkeypatch):
     return algo.loss(ctx, batch, current, 0)[0], {"logp_steps": logp}
 
 
+@runner("egspo")
+def egspo(algo, x, monkeypatch):
+    """EGSPO / EGSPO-SA: the trained steps from the recorded entropies (must be the reference's), the replayed states,
+    the one-step-denoise rewards (the case's greedy completion of each state; the argmax has its own golden test),
+    the advantages, and each iteration's loss from dare's estimator on the embedded leaf."""
+    from dare.algorithms import egspo as module
+    B, T1, Lc = x["states"].shape
+    P = x["prompt_ids"].shape[1]
+
+    def greedy(model, view, completion_length, mask_id):  # the case's x0_hat of each row's state
+        rows = []
+        for ids in view.input_ids:
+            hit = ((x["states"] == ids[P:]).all(-1) & (x["prompt_ids"] == ids[:P]).all(-1)[:, None]).nonzero()
+            assert hit.shape[0] == 1
+            rows.append(x["greedy"][hit[0, 0], hit[0, 1]])
+        return torch.stack(rows)
+
+    monkeypatch.setattr(module, "greedy_denoise", greedy)
+    reward_of = {(b, tuple(x["greedy"][b, t].tolist())): float(x["greedy_rewards"][b, t]) for b in range(B) for t in range(T1)}
+    batch = rl_batch(x, step_map=x["step_map"], entropy_map=x["entropy_map"])
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
+    ctx.services.score_completions = lambda batch, ids, rows: torch.tensor(
+        [reward_of[(int(r), tuple(i.tolist()))] for i, r in zip(ids, rows)])
+    batch.state = algo.prepare(ctx, batch)
+    assert torch.equal(batch.state.steps, x["eval_time_steps"])  # the reference's entropy-guided choice
+    n_it = algo.inner_iterations
+    batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(n_it)}
+    state = algo.score_with_policy(ctx, batch, None, B)
+    batch.state = state if state is not None else batch.state
+    for j in range(n_it):
+        for k, view in zip(algo.slots(j), batch.views[j]):  # the replayed state of every row's step
+            steps = batch.state.steps[:, k]
+            assert torch.equal(view.input_ids[:, P:], x["states"][torch.arange(B), steps])
+    slots = [list(algo.slots(j)) for j in range(n_it)]
+    batch.old_logp = {j: x["old_logp"][s].T.double() for j, s in enumerate(slots)}
+    batch.ref_logp = {j: x["ref_logp"][s].T.double() for j, s in enumerate(slots)}
+    batch.advantages = algo.advantages(ctx, batch)
+    ctx.norms = algo.normalizers(batch)
+    logp = leaf(x, "logp_steps")  # [T, B, Lc]
+    steps = batch.state.steps
+    tables = [completion_hidden(logp[steps[:, k], torch.arange(B)], P, x["completion_ids"])
+              for s in slots for k in s]  # dare's forwards in order: iteration by iteration, slot by slot
+    model = TableModel(tables)
+    total = 0.0
+    for j in range(n_it):
+        current = algo.log_likelihood(ctx, model, batch, batch.views[j])
+        total = total + algo.loss(ctx, batch, current, j)[0]
+    return total, {"logp_steps": logp}
+
+
 @runner("dtreerpo")
 def dtreerpo(algo, x, monkeypatch):
     """d-TreeRPO: segment targets (committed in the child, masked in the parent, up to the child's first stop), the

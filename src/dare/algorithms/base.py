@@ -24,6 +24,9 @@ positions, K likelihood slots (usually Lc; 1 for a sequence-level estimate).
   ``mc_samples`` says how many forward rows it uses per sample.
 * ``score_companions(ctx, batch, micro_batch_size) -> state | None`` -- stage (3) for models trained beside the
   policy (``companions()``; TraceRL's value model): their scores before any update, returned as the new state.
+* ``score_with_policy(ctx, batch, policy, micro_batch_size) -> state | None`` -- stage (3) for what a method derives
+  from the pre-update policy besides its views' log-likelihoods (EGSPO-SA: the greedy one-step denoise of every
+  trained state, rewarded), without gradients; returned as the new state. Default: nothing (no forward).
 * ``advantages(ctx, batch) -> Advantages | None`` -- the advantage estimator (RL only): values and the active mask.
 * ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch, a thin adapter
   over ``dare.algorithms.losses``. Losses and metrics are *additive*: each micro-batch returns its share of the
@@ -248,6 +251,13 @@ class Algorithm:
     def companions(self) -> list[Companion]:
         """Models trained alongside the policy (see ``Companion``); none by default."""
         return []
+
+    def score_with_policy(self, ctx: StepContext, batch, policy, micro_batch_size: int):
+        """Stage (3), after the views and before the old / reference scoring: values derived from the pre-update
+        ``policy`` other than the views' likelihoods (run under ``torch.no_grad``), returned as the new
+        ``batch.state`` (None: nothing to compute, the state is kept). Under FSDP every rank must run the same
+        number of forwards."""
+        return None
 
     def score_companions(self, ctx: StepContext, batch, micro_batch_size: int):
         """Stage (3) for the companions: their scores of the batch's views before any update, returned as the new

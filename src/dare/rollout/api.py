@@ -85,7 +85,8 @@ def steps_per_block(model, config: SamplerConfig) -> int:
 def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resuming: bool):
     if until_step is None and not resuming:
         return None
-    for name, bad in (("record_trajectory", config.record_trajectory), ("rcr", config.rcr),
+    for name, bad in (("record_trajectory", config.record_trajectory), ("record_entropy", config.record_entropy),
+                      ("rcr", config.rcr),
                       ("editing_threshold", config.editing)):
         if bad:
             raise ValueError(f"{name} cannot be combined with pausing or resuming a rollout (its per-block state "
@@ -201,6 +202,8 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
         st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, config.record_trajectory)
     if hints is not None:
         st.place_hints(hints)
+    if config.record_entropy:
+        st.entropy_map = torch.zeros(st.x.shape, dtype=torch.float32, device=st.x.device)
     if partial is not None:
         src, row_index = partial
         cols = st.completion_cols()
@@ -241,6 +244,7 @@ def _assemble(st: DecodeState, batch: PromptBatch, prompt_index: torch.Tensor, n
         completion_ids=comp,
         completion_mask=completion_mask.long(),
         step_map=st.step_map.gather(1, cols),
+        entropy_map=st.entropy_map.gather(1, cols) if st.entropy_map is not None else None,
         nfe=st.nfe,
         prompt_index=prompt_index,
         trajectory=st.trajectory(),

@@ -45,6 +45,10 @@ class SamplerConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     suppress_eos_confidence: bool = False
     record_trajectory: bool = False
+    # Record, for every committed token, the entropy (nats) of the model's own predictive distribution it was
+    # committed from: softmax of the step's logits at temperature 1, before top-k / top-p (``Rollout.entropy_map``;
+    # EGSPO picks its training steps by it). Masked and block samplers without re-masking or editing.
+    record_entropy: bool = False
     # --- additions (see docs/samplers.md) ---------------------------------------------------------
     # After each finished block, finish rows whose completion already holds a stop token. This never
     # changes a completion (finished blocks are final); False decodes every block like the LLaDA/Dream
@@ -159,6 +163,9 @@ class SamplerConfig:
             raise ValueError("rcr (running-confidence remasking) needs the fixed step schedule: unset threshold, factor and editing_threshold")
         if self.rcr and self.eos_early_stop:
             raise ValueError("rcr can re-mask committed tokens, so eos_early_stop cannot be used with it")
+        if self.record_entropy and (self.rcr or self.editing_threshold is not None):
+            raise ValueError("record_entropy records one entropy per committed token; rcr and editing_threshold can "
+                             "re-mask or rewrite committed tokens")
         if self.editing_threshold is not None and self.threshold is None:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs threshold (the mask-to-token threshold)")
         if self.editing_threshold is not None and (self.factor is not None or self.schedule != "even"):

@@ -26,8 +26,8 @@ from ..diffusion.anyorder import anyorder_inputs
 from ..models import LogitsRequest
 from . import schedule as sched
 from .config import SamplerConfig
-from .selection import (REMASKINGS, propose, ranks, scale_stops, select_dynamic, select_factor, select_sampled,
-                        select_threshold, select_top, suppress_stops, takes_packed_logits)
+from .selection import (REMASKINGS, committed_entropy, propose, ranks, scale_stops, select_dynamic, select_factor,
+                        select_sampled, select_threshold, select_top, suppress_stops, takes_packed_logits)
 from .state import DecodeState, PromptBatch, cache_rows
 
 
@@ -266,7 +266,8 @@ def _decide(ctx: _StepContext, logits: torch.Tensor, counts: torch.Tensor, run_c
         sel = select_sampled(score, eligible, k, cfg.alg_temp, gens)
     else:
         sel = select_top(score, eligible, k)
-    st.commit(rows, c0, torch.where(sel, cand.x0, cur), sel, x0=cand.x0, score=score, predicted=eligible)
+    ent = committed_entropy(logits, sel, eligible) if st.entropy_map is not None else None
+    st.commit(rows, c0, torch.where(sel, cand.x0, cur), sel, x0=cand.x0, score=score, predicted=eligible, entropy=ent)
     return None
 
 

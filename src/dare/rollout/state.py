@@ -102,6 +102,7 @@ class DecodeState:
     row_steps: torch.Tensor = None  # [N] denoising steps taken by each row
     finished: torch.Tensor = None  # [N] bool
     nfe: int = 0
+    entropy_map: Optional[torch.Tensor] = None  # [N, W] float32 when the sampler records entropies (``record_entropy``)
     _traj: list = field(default_factory=list)
     # Pause / resume (``generate(until_step=...)``, ``resume``): schedule points (block counted from the first
     # generated block, step within the block). Decoding starts at ``start`` and stops before ``pause``.
@@ -165,11 +166,15 @@ class DecodeState:
     # --- writes -----------------------------------------------------------------------------------
     def commit(self, rows: torch.Tensor, c0: int, new_block: torch.Tensor, written: torch.Tensor,
                x0: Optional[torch.Tensor] = None, score: Optional[torch.Tensor] = None,
-               predicted: Optional[torch.Tensor] = None) -> None:
+               predicted: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None) -> None:
         """Write block ``[c0, c0+L)`` of ``rows``: ``new_block`` is the block after this step, ``written``
         the positions that received a token (their step_map entry becomes the row's current step).
-        ``x0``/``score``/``predicted`` describe the step's predictions for the trajectory."""
+        ``x0``/``score``/``predicted`` describe the step's predictions for the trajectory; ``entropy [n, L]`` the
+        predictive entropies of the written positions (kept in ``entropy_map`` when it is recorded)."""
         L = new_block.shape[1]
+        if self.entropy_map is not None and entropy is not None:
+            em = self.entropy_map[rows, c0:c0 + L]
+            self.entropy_map[rows, c0:c0 + L] = torch.where(written, entropy.to(em.dtype), em)
         if self.record:
             self._record(rows, c0, x0, score, predicted)
         self.x[rows, c0:c0 + L] = new_block

@@ -154,6 +154,7 @@ def _merge(parts: list, pad_id: int):
     return dataclasses.replace(
         parts[0], sequences=torch.cat(seqs), attention_mask=torch.cat(masks), prompt_length=P,
         completion_ids=cat("completion_ids"), completion_mask=cat("completion_mask"), step_map=cat("step_map"),
+        entropy_map=cat("entropy_map"),
         nfe=sum(r.nfe for r in parts), prompt_index=torch.cat([r.prompt_index + o for r, o in zip(parts, offsets)]),
         trajectory=traj, sample_index=cat("sample_index"), num_steps=cat("num_steps"), hint_mask=cat("hint_mask"),
         seeds=sum((r.seeds or [] for r in parts), []) or None)
@@ -258,6 +259,7 @@ class RolloutStage:
         batch = RLBatch(uid=(group * self.group + sample).long(), group=group, prompt_ids=ro.prompt_ids,
                         prompt_mask=ro.prompt_mask.bool(), completion_ids=ro.completion_ids,
                         completion_mask=ro.completion_mask.bool(), rewards=rewards.to(dev), step_map=ro.step_map,
+                        entropy_map=ro.entropy_map,
                         trajectory=ro.trajectory, examples=examples, completions=texts,
                         stop_token_ids=ro.stop_token_ids, nfe=ro.nfe)
         return batch, self.metrics(rewards, ro.completion_mask, ro.nfe, t1 - t0, t2 - t1)

@@ -41,7 +41,8 @@ def score_iterations(algo: Algorithm, ctx: StepContext, model, batch, micro_batc
 
 def prepare(algo: Algorithm, ctx: StepContext, batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
     """Stage (3): the method's per-batch state (``prepare``), every inner iteration's corruption drawn once (one
-    draw for all iterations when ``deterministic_views``), scored with the pre-update policy and the reference
+    draw for all iterations when ``deterministic_views``), the method's own pre-update values
+    (``score_with_policy``), the views scored with the pre-update policy and the reference
     policy where the algorithm needs them, and with the algorithm's companion models. Results land in the batch's
     ``state``, ``views``, ``old_logp``, ``ref_logp`` (and ``ref_views`` when the reference has its own noise)."""
     n_it = algo.inner_iterations
@@ -53,6 +54,10 @@ def prepare(algo: Algorithm, ctx: StepContext, batch, policy, reference=None, mi
         batch.views = {it: views for it in range(n_it)}
     else:
         batch.views = {it: algo.corrupt(ctx, batch, it) for it in range(n_it)}
+    with torch.no_grad():
+        state = algo.score_with_policy(ctx, batch, policy, micro_batch_size)
+    if state is not None:
+        batch.state = state
     if algo.needs_old_logp:
         batch.old_logp = score_iterations(algo, ctx, policy, batch, micro_batch_size)
     if algo.needs_reference:
