@@ -206,6 +206,7 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "justgrpo": "LeapLabTHU/JustGRPO",
     "dtreerpo": "THU-BPM/d-TreeRPO",
     "gdpo": "KevinRojas1499/GDPO",
+    "d_opsd": "xingzhejun/d-OPSD",
 }
 
 
