@@ -355,10 +355,35 @@ def test_sampler_positions_are_the_tokens_the_step_wrote():
 
 # --- learning ---------------------------------------------------------------------------------------------------
 
+TOY_SAMPLER = "{gen_length: 16, block_length: 4, steps: 8, temperature: 1.0, block_stop: false}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "the toy '7' reward does not rise on a random tiny model (measured, llada, 15 steps: first-5 mean 0.011, last-5 "
+    "0.008 with gate 0.25 and pass@4; 0.010 -> 0.008 with gate 0.0625 and the policy teacher): the reward reaches the "
+    "loss only through the gate and the revealed tokens, and a random network has no in-context copying, so showing it "
+    "7-rich futures does not move its predictions toward 7 (docs/algorithms/d_opsd.md, Learning)"))
+def test_learns_the_toy_reward(tmp_path):
+    learns_toy_reward(tmp_path, "d_opsd", "llada", "algorithm.correct_reward=0.25", "algorithm.passk=4",
+                      "algorithm.fixed_teacher=false", sampler=TOY_SAMPLER)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", supported_families("d_opsd", fast=("llada",)))
-def test_learns_the_toy_reward(tmp_path, family):
-    learns_toy_reward(tmp_path, "d_opsd", family, "algorithm.correct_reward=0.25", "algorithm.passk=4",
-                      "algorithm.fixed_teacher=false",
-                      sampler="{gen_length: 16, block_length: 4, steps: 8, temperature: 1.0, block_stop: false}")
+def test_learns_to_match_its_self_future_teacher(tmp_path, family):
+    """What a tiny model can learn from d-OPSD: the student's KL to the frozen teacher that sees its own future falls
+    at least fourfold in 15 steps (every rollout distilled: gate 0; measured: llada 0.025 -> 0.002, llada_moe
+    0.021 -> 0.003, dream 0.019 -> 0.003, means of the first and last 3 steps)."""
+    from dare.trainer.loop import Trainer
+    from dare.trainer.recipe import load_recipe
+    from tests.algorithms.toy_task import ROOT, single_thread
+    recipe = load_recipe(ROOT / "recipes/rl/d_opsd.yaml", [
+        f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
+        "rollout.group_size=8", f"rollout.sampler={TOY_SAMPLER}", "reward.name=mc_test_sevens", "reward.workers=0",
+        "data.dataset.limit=64", f"train.output_dir={tmp_path}", "optim.lr=3e-3", "optim.weight_decay=0.0",
+        "train.export=false", "train.save_every=0", "logging.progress=false", "logging.tensorboard=false",
+        "logging.plot=false", "algorithm.correct_reward=0.0", "algorithm.passk=1"])
+    with single_thread():
+        kl = [h["kl"] for h in Trainer(recipe).run()]
+    assert sum(kl[-3:]) < 0.25 * sum(kl[:3]), kl
