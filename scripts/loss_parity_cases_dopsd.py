@@ -102,7 +102,8 @@ def dopsd_case(ref, seed: int, beta: float, clip, note: str):
                            cfg_scale=0.0, remasking="low_confidence", mask_id=MASK, fp16=False)
     metrics = defaultdict(lambda: defaultdict(list))
     acc = SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=lambda v: v, unwrap_model=lambda m: m)
-    tr = trainer(mod.dOPSDTrainer, args=args, accelerator=acc, _metrics=metrics, control=SimpleNamespace(should_evaluate=False),
+    tr = trainer(mod.dOPSDTrainer, args=args, accelerator=acc, _metrics=metrics,
+                 control=SimpleNamespace(should_evaluate=False),
                  log_completions=False, debug1=False, passk=1, passk_temperature=0.9, add_ref=False,
                  teacher_retain_ratio=0.25, batch_divide=DIVIDE, fixed_teacher=True, top_k_loss=20, jsd_token_clip=clip,
                  diff_student_mask=False, dataset_name="gsm8k", sudoku_threshold=0.25, beta=beta,
@@ -122,7 +123,8 @@ def dopsd_case(ref, seed: int, beta: float, clip, note: str):
     L = P + GEN
     # logits of each state's current block (the only ones compute_loss reads; parity_io.block_logits places them)
     teacher_tables = torch.randn(len(answers), S, BLOCK, VOCAB, generator=g, dtype=torch.float64) * 2.0
-    student = (teacher_tables + 0.6 * torch.randn(teacher_tables.shape, generator=g, dtype=torch.float64)).requires_grad_()
+    noise = torch.randn(teacher_tables.shape, generator=g, dtype=torch.float64)
+    student = (teacher_tables + 0.6 * noise).requires_grad_()
     total = torch.zeros((), dtype=torch.float64)
     for j in range(DIVIDE):
         losses = []
@@ -192,8 +194,8 @@ def _completion_mask(comp: torch.Tensor) -> torch.Tensor:
 
 @case("d_opsd", "d_opsd")
 def d_opsd(ref):
-    return dopsd_case(ref, 61, 1.0, 0.05, "reverse KL, clip 0.05 (the run scripts); three prompts (stop in the last block / a "
-                                          "wrong answer / trained states without reveal), batch_divide 3")
+    return dopsd_case(ref, 61, 1.0, 0.05, "reverse KL, clip 0.05 (the run scripts); three prompts (stop in the last "
+                                          "block / a wrong answer / trained states without reveal), batch_divide 3")
 
 
 @case("d_opsd_jsd", "d_opsd")

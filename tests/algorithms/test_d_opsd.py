@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dare.algorithms import StepContext, build_algorithm
+from dare.algorithms import build_algorithm
 from dare.algorithms.common.replay import step_groups
 from dare.algorithms.d_opsd import (DOPSDConfig, chunk_plan, recorded_states, retry_until_correct, select_positions,
                                     step_table)
@@ -290,7 +290,8 @@ def test_pass_at_k_retries_failures_keeps_the_first_correct_and_leaves_others_un
             seen.append(i)
             out.append(script[i].pop(0))
         return torch.tensor(out)
-    stage = SimpleNamespace(recipe=SimpleNamespace(rollout=SimpleNamespace(sampler=SAMPLER)), tokenizer=_Tok(), score=score)
+    stage = SimpleNamespace(recipe=SimpleNamespace(rollout=SimpleNamespace(sampler=SAMPLER)), tokenizer=_Tok(),
+                            score=score)
     tries = retry_until_correct(algo.config, stage, ctx, model, batch)
     assert tries.tolist() == [1, 3, 4, 2]  # row 0 correct at once; row 2 uses all 4 tries
     assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 1.0]

@@ -166,7 +166,8 @@ def select_positions(confidence: torch.Tensor, eligible: torch.Tensor, k: torch.
     top = score.topk(min(width, C), dim=1).indices
     take = torch.arange(top.shape[1], device=top.device)[None] < k[:, None]
     chosen = torch.zeros(n, C, dtype=torch.bool, device=top.device).scatter(1, top, take) & eligible
-    order = torch.where(chosen, torch.arange(C, device=top.device)[None].expand(n, C), torch.full_like(top[:, :1], C).expand(n, C))
+    cols = torch.arange(C, device=top.device)[None].expand(n, C)
+    order = torch.where(chosen, cols, torch.full_like(cols, C))  # unchosen columns sort last
     idx = order.sort(dim=1).values[:, :width]
     valid = idx < C
     if idx.shape[1] < width:
@@ -208,10 +209,11 @@ class DOPSD(Algorithm):
     uses_rollout = True
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {
-        "block_causal": "the teacher's only extra information is tokens of *future* blocks; under block-causal attention "
-                        "a position of block b attends to blocks <= b only, so the revealed tokens cannot reach the "
-                        "supervised positions: the teacher's logits there equal the student's (current weights) or "
-                        "the frozen base's (a plain KL to the initial model), and the self-future signal is gone",
+        "block_causal": "the teacher's only extra information is tokens of *future* blocks; under block-causal "
+                        "attention a position of block b attends to blocks <= b only, so the revealed tokens cannot "
+                        "reach the supervised positions: the teacher's logits there equal the student's (current "
+                        "weights) or the frozen base's (a plain KL to the initial model), and the self-future signal "
+                        "is gone",
         "encoder_decoder": "it distils at the masked positions of the current block of an absorbing masked-diffusion "
                            "state, rebuilt from the step map; the uniform-noise canvas sampler has no masked positions "
                            "and writes no token at a step (every pass re-noises what it does not accept)"}
@@ -289,7 +291,8 @@ class DOPSD(Algorithm):
         (width,) = agree_max([int(per.max()) if per.numel() else 0], ranks.device)  # same views on every rank
         plan = chunk_plan(states, D, width)
         gate = (batch.rewards.float() >= self.config.gate).to(per.device)
-        weight = torch.where((per > 0) & gate, 1.0 / per.clamp_min(1).float(), torch.zeros(per.shape, device=per.device))
+        weight = torch.where((per > 0) & gate, 1.0 / per.clamp_min(1).float(),
+                             torch.zeros(per.shape, device=per.device))
         used = plan.flatten(1)
         k = count.gather(1, used.clamp_min(0)) * (used >= 0) if count.numel() else used.clamp_min(0) * 0
         return DOPSDState(ranks, block, count, states, plan, weight, width=max(int(k.max()) if k.numel() else 1, 1))
@@ -354,7 +357,8 @@ class DOPSD(Algorithm):
         for i, row in enumerate(rows.tolist()):  # the self-future: a random share of every future block position
             start = (int(blk[i]) + 1) * BL
             if has[i] and start < int(eos[i]):
-                sel = start + reveal_positions(ctx, int(batch.uid[row]), int(s[i]), Lc - start, cfg.reveal_ratio).to(rows.device)
+                picked = reveal_positions(ctx, int(batch.uid[row]), int(s[i]), Lc - start, cfg.reveal_ratio)
+                sel = start + picked.to(rows.device)
                 inputs[i, P + sel] = batch.completion_ids[row, sel]
         cols = (blk * BL)[:, None] + torch.arange(BL, device=rows.device)[None]  # the current block's columns
         logits = teacher(inputs, attention_mask=view.attention_mask[rows] if view.attention_mask is not None else None,
@@ -436,7 +440,8 @@ class DOPSD(Algorithm):
                    "clip_frac": float((clipped & ok[..., None]).sum()) / elems}
         return loss, metrics
 
-    def backward(self, ctx: StepContext, model, batch: RLBatch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
+    def backward(self, ctx: StepContext, model, batch: RLBatch, iteration: int,
+                 loss_scale: float = 1.0) -> dict[str, float]:
         """One forward + backward per view (state): the loss is a sum over states, so only one graph is alive."""
         positions = max(ctx.norms.get("positions", 0.0), 1.0)
 
