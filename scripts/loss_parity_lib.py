@@ -227,6 +227,7 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "igpo": "facebookresearch/igpo",
     "d2": "kuleshov-group/d2",
     "egspo": "vishnutez/egspo-dllm-rl",
+    "d_opsd": "xingzhejun/d-OPSD",
 }
 
 

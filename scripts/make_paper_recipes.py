@@ -161,6 +161,12 @@ ADJUST = {
     "egspo_sa": Adjust("EGSPO-SA trains each completion's highest-entropy denoising steps: the sampler records the "
                        "predictive entropy of every committed token (record_entropy; docs/algorithms/egspo_sa.md)",
                        sampler={"record_entropy": True}),
+    "d_opsd": Adjust("d-OPSD's pass@8 retries are off (passk 1): the unified group of 8 completions is each prompt's 8 "
+                     "tries, each distilled when correct (the authors retry one completion up to 8 times); every block "
+                     "is decoded (block_stop false) as the authors' sampler does; the authors' task values: Sudoku "
+                     "distils rollouts with cell accuracy >= 0.25, math clips at 0.04 (docs/algorithms/d_opsd.md)",
+                     algorithm={"passk": 1}, sampler={"block_stop": False},
+                     per_task={"sudoku": {"train_reward": 0.25}, "math": {"token_clip": 0.04}}),
     "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
                   per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
                             "sudoku": {"eubo_beta": 1.0}}),

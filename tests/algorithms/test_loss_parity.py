@@ -11,6 +11,7 @@ import dataclasses
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -321,6 +322,55 @@ def igpo(algo, x, monkeypatch):
     ctx, _ = prepared(algo, batch)
     logp = leaf(x, "logp")
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
+class RowTable:
+    """A model whose logits for an input row are the table of the sampler state it equals (``rows [B, S, L]``,
+    ``tables [B, S, L, V]``), read at ``request.rows`` (d-OPSD's teacher and student passes)."""
+
+    def __init__(self, rows: torch.Tensor, tables: torch.Tensor):
+        self.rows, self.tables = rows, tables
+
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, request=None):
+        picked = []
+        for row in input_ids:
+            hit = (self.rows == row).all(-1).nonzero()
+            assert hit.shape[0] == 1, "an input row matches no (or several) recorded states"
+            picked.append(self.tables[hit[0, 0], hit[0, 1]])
+        logits = torch.stack(picked)
+        if request is not None and request.rows is not None:
+            logits = logits.gather(1, request.rows[..., None].expand(-1, -1, logits.shape[-1]))
+        return SimpleNamespace(logits=logits)
+
+
+@runner("d_opsd")
+def d_opsd(algo, x, monkeypatch):
+    """d-OPSD: the recorded states (from the step map), chunks, the reference's reveals (substituted), the teacher's
+    top-2 positions and top-k tables (``score_teacher``), the student's log-probs there and the gated loss, every
+    inner iteration's loss summed."""
+    from dare.algorithms import d_opsd as module
+    from tests.algorithms.parity_io import block_logits
+    B, S, L = x["trajectory"].shape
+    P, BL = x["prompt_ids"].shape[1], int(x["block_length"])
+    Lc = L - P
+    revealed = (x["teacher_trajectory"] != x["trajectory"])[:, :, P:]
+    monkeypatch.setattr(module, "reveal_positions",
+                        lambda ctx, uid, step, n, ratio: revealed[uid, step].nonzero().flatten() - (Lc - n))
+    batch = rl_batch(x, step_map=x["step_map"], stop_token_ids=(1,))
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
+    ctx.services.rollout_sampler = SimpleNamespace(block_length=BL)
+    batch.state = algo.prepare(ctx, batch)
+    assert batch.state.states.tolist() == x["recorded"].tolist()  # the reference's recorded states
+    batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(algo.inner_iterations)}
+
+    def tables(block, states):
+        return torch.stack([block_logits(block[i], states[i], P, BL, 2) for i in range(B)])
+    teacher = RowTable(x["teacher_trajectory"], tables(x["teacher_logits"], x["teacher_trajectory"]))
+    batch.state = algo.score_teacher(ctx, batch, teacher, 1000)
+    ctx.norms = algo.normalizers(batch)
+    logits = leaf(x, "student_logits")
+    student = RowTable(x["trajectory"], tables(logits, x["trajectory"]))
+    loss = sum(algo.loss(ctx, batch, algo.log_likelihood(ctx, student, batch, batch.views[j]), j)[0]
+               for j in range(algo.inner_iterations))
+    return loss, {"student_logits": logits}
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ positions, K likelihood slots (usually Lc; 1 for a sequence-level estimate).
 * ``score_with_policy(ctx, batch, policy, micro_batch_size) -> state | None`` -- stage (3) for what a method derives
   from the pre-update policy besides its views' log-likelihoods (EGSPO-SA: the greedy one-step denoise of every
   trained state, rewarded), without gradients; returned as the new state. Default: nothing (no forward).
+* ``teacher`` / ``score_teacher(ctx, batch, teacher, micro_batch_size) -> state | None`` -- stage (3) with a frozen
+  second view of the model (d-OPSD's self-future teacher): ``teacher`` names the module ("reference": the reference
+  policy, i.e. the LoRA-disabled base or a frozen copy of the initial model; "policy": the current weights), which
+  the stage lends under ``no_grad`` after the views are drawn; the method scores what it needs and returns it as the
+  new state (cached for every inner iteration).
 * ``advantages(ctx, batch) -> Advantages | None`` -- the advantage estimator (RL only): values and the active mask.
 * ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch, a thin adapter
   over ``dare.algorithms.losses``. Losses and metrics are *additive*: each micro-batch returns its share of the
@@ -262,6 +267,19 @@ class Algorithm:
     def score_companions(self, ctx: StepContext, batch, micro_batch_size: int):
         """Stage (3) for the companions: their scores of the batch's views before any update, returned as the new
         ``batch.state`` (None: nothing to score, the state is kept)."""
+        return None
+
+    @property
+    def teacher(self) -> Optional[str]:
+        """The frozen model ``score_teacher`` reads in stage (3): "reference" (the reference policy, built for it as
+        for a KL penalty: the LoRA-disabled base or a frozen copy of the initial model), "policy" (the current weights,
+        before this step's updates) or None (no teacher pass)."""
+        return None
+
+    def score_teacher(self, ctx: StepContext, batch, teacher, micro_batch_size: int):
+        """Stage (3), after the views and the old / reference log-probs: the method's own scoring of the batch with
+        ``teacher`` (the module ``self.teacher`` names, lent under ``no_grad``), returned as the new ``batch.state``
+        (None: the state is kept). It runs once per batch, so what it returns serves every inner iteration."""
         return None
 
     @property

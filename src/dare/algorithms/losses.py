@@ -15,6 +15,8 @@ returns its additive share) and the metrics as Python floats normalised the same
 * ``sequence_ratio_loss``: a clipped ratio of length-normalised sequence ELBOs and a KL on the raw ELBO (ESPO, EBPO).
 * ``clipped_value_loss``: PPO's clipped value loss (TraceRL's value model).
 * ``dpo_loss``: the DPO / VRPO objective on ELBO margins.
+* ``topk_divergence``: the pointwise generalised JSD / KL between a student and a teacher distribution over the
+  teacher's top-k tokens, with pointwise clipping (d-OPSD's self-distillation).
 """
 from __future__ import annotations
 
@@ -194,3 +196,30 @@ def dpo_loss(margin: torch.Tensor, weight: torch.Tensor, *, pairs: float, beta: 
     metrics = {"pref_accuracy": float(((margin.detach() > 0).float() * weight).sum()) / pairs,
                "reward_margin": float((margin.detach() / beta * weight).sum()) / pairs}
     return loss, metrics
+
+
+def topk_divergence(student_logq: torch.Tensor, teacher_logq: torch.Tensor, beta: float,
+                    clip: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pointwise divergence terms ``[..., K]`` between two distributions given as log-probs over the same K tokens
+    (renormalised over them), and where the clip acted (bool, same shape).
+
+    ``beta = 1``: reverse KL(student || teacher), ``d_v = q_s (log q_s - log q_t)``; ``beta = 0``: forward
+    KL(teacher || student), ``d_v = q_t (log q_t - log q_s)``; otherwise the generalised JSD with the mixture
+    ``m = (1 - beta) q_s + beta q_t``: ``d_v = beta q_t (log q_t - log m) + (1 - beta) q_s (log q_s - log m)``.
+    Summed over v each is the divergence; single terms can be negative. ``clip`` caps every term (d-OPSD's
+    pointwise KL clipping: ``min(d_v, clip)``; a capped term passes no gradient), so a sum of clipped terms is at most
+    the divergence."""
+    s, t = student_logq, teacher_logq
+    if beta == 1.0:
+        d = s.exp() * (s - t)
+    elif beta == 0.0:
+        d = t.exp() * (t - s)
+    elif 0.0 < beta < 1.0:
+        b = torch.tensor(beta, dtype=s.dtype, device=s.device)
+        m = torch.logsumexp(torch.stack([s + torch.log1p(-b), t + torch.log(b)]), dim=0)
+        d = beta * (t.exp() * (t - m)) + (1.0 - beta) * (s.exp() * (s - m))
+    else:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if clip is None:
+        return d, torch.zeros_like(d, dtype=torch.bool)
+    return d.clamp(max=clip), d > clip
