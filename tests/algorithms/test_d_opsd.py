@@ -89,7 +89,7 @@ def test_teacher_input_is_the_state_plus_a_quarter_of_the_future_from_the_final_
     model, algo, ctx, batch = _prepared()
     rec = Recorder(model)
     with torch.no_grad():
-        algo.score_teacher(ctx, batch, rec, 1)  # one row per forward: inputs map to (view, row)
+        algo.score_frozen(ctx, batch, rec, 1)  # one row per forward: inputs map to (view, row)
     st, P, BL = batch.state, batch.prompt_ids.shape[1], 4
     mask_id, Lc = model.adapter.mask_token_id, batch.completion_ids.shape[1]
     it = iter(rec.inputs)
@@ -122,7 +122,7 @@ def test_only_the_teachers_most_confident_masked_positions_of_the_current_block_
     model, algo, ctx, batch = _prepared()
     rec = Recorder(model)
     with torch.no_grad():
-        state = algo.score_teacher(ctx, batch, rec, 1)  # one row per forward, in (iteration, view, row) order
+        state = algo.score_frozen(ctx, batch, rec, 1)  # one row per forward, in (iteration, view, row) order
     st, P, mask_id = batch.state, batch.prompt_ids.shape[1], model.adapter.mask_token_id
     calls = iter(zip(rec.inputs, rec.kwargs))
     checked = 0
@@ -158,12 +158,12 @@ def test_the_teacher_cache_is_scored_once_and_serves_every_inner_iteration():
     model, algo, ctx = setup(DOPSDConfig(inner_iterations=3), "llada", hidden_size=32)
     ctx.services.rollout_sampler = SAMPLER
     batch, _ = rollout_batch(model, SAMPLER, n=2, rewards=torch.ones(4))
-    original = algo.score_teacher
+    original = algo.score_frozen
 
     def counted(*a, **k):
         counts["teacher"] += 1
         return original(*a, **k)
-    algo.score_teacher = counted
+    algo.score_frozen = counted
     stages.prepare(algo, ctx, batch, model, CopyReference.from_policy(model))
     assert counts["teacher"] == 1
     st = batch.state
@@ -176,13 +176,13 @@ def test_the_teacher_cache_is_scored_once_and_serves_every_inner_iteration():
 
 
 def test_fixed_teacher_reads_the_reference_and_the_other_the_current_weights():
-    assert build_algorithm(DOPSDConfig()).teacher == "reference"
-    assert build_algorithm(DOPSDConfig(fixed_teacher=False)).teacher == "policy"
+    assert build_algorithm(DOPSDConfig()).frozen_model == "reference"
+    assert build_algorithm(DOPSDConfig(fixed_teacher=False)).frozen_model == "policy"
     algo = build_algorithm(DOPSDConfig())
-    with pytest.raises(ValueError, match="scores a teacher with the reference policy"):
-        stages.teacher_scoring(algo, torch.nn.Linear(1, 1), None)
+    with pytest.raises(ValueError, match="scores with the reference policy"):
+        stages.frozen_scoring(algo, torch.nn.Linear(1, 1), None)
     model = torch.nn.Linear(1, 1)
-    with stages.teacher_scoring(build_algorithm(DOPSDConfig(fixed_teacher=False)), model, None) as t:
+    with stages.frozen_scoring(build_algorithm(DOPSDConfig(fixed_teacher=False)), model, None) as t:
         assert t is model and not torch.is_grad_enabled()
 
 

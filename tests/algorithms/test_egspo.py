@@ -131,7 +131,7 @@ def test_sa_rewards_the_one_step_greedy_denoise_of_each_trained_state():
     ctx.services.score_completions = score
     batch.state = algo.prepare(ctx, batch)
     batch.views = {0: algo.corrupt(ctx, batch, 0)}
-    batch.state = algo.score_with_policy(ctx, batch, model, micro_batch_size=4)
+    batch.state = algo.score_frozen(ctx, batch, model, micro_batch_size=4)
     (ids, rows), = calls
     P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     for n, (b, k) in enumerate(zip(rows.tolist(), [0, 1] * batch.size)):

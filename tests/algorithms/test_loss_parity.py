@@ -264,7 +264,7 @@ def egspo(algo, x, monkeypatch):
     assert torch.equal(batch.state.steps, x["eval_time_steps"])  # the reference's entropy-guided choice
     n_it = algo.inner_iterations
     batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(n_it)}
-    state = algo.score_with_policy(ctx, batch, None, B)
+    state = algo.score_frozen(ctx, batch, None, B)
     batch.state = state if state is not None else batch.state
     for j in range(n_it):
         for k, view in zip(algo.slots(j), batch.views[j]):  # the replayed state of every row's step
@@ -344,7 +344,7 @@ class RowTable:
 @runner("d_opsd")
 def d_opsd(algo, x, monkeypatch):
     """d-OPSD: the recorded states (from the step map), chunks, the reference's reveals (substituted), the teacher's
-    top-2 positions and top-k tables (``score_teacher``), the student's log-probs there and the gated loss, every
+    top-2 positions and top-k tables (``score_frozen``), the student's log-probs there and the gated loss, every
     inner iteration's loss summed."""
     from dare.algorithms import d_opsd as module
     from tests.algorithms.parity_io import block_logits
@@ -364,7 +364,7 @@ def d_opsd(algo, x, monkeypatch):
     def tables(block, states):
         return torch.stack([block_logits(block[i], states[i], P, BL, 2) for i in range(B)])
     teacher = RowTable(x["teacher_trajectory"], tables(x["teacher_logits"], x["teacher_trajectory"]))
-    batch.state = algo.score_teacher(ctx, batch, teacher, 1000)
+    batch.state = algo.score_frozen(ctx, batch, teacher, 1000)
     ctx.norms = algo.normalizers(batch)
     logits = leaf(x, "student_logits")
     student = RowTable(x["trajectory"], tables(logits, x["trajectory"]))

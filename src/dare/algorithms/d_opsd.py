@@ -22,7 +22,7 @@ still holds a mask, never those of the last block (no future to reveal); the las
 input. They are rebuilt from the rollout's ``step_map`` (tokens written at a step >= s are masked), so nothing but the
 step map is kept; steps that write no token are not states.
 
-The teacher pass (``score_teacher``, stage 3 after the views) runs once per rollout batch: one no-grad forward per
+The teacher pass (``score_frozen``, stage 3 after the views) runs once per rollout batch: one no-grad forward per
 state, and caches per (sample, state) the supervised positions, the teacher's top-k token ids and its renormalised
 log-probs there -- ``samples x states x k_s x top_k`` ids and floats (KBs). Every inner iteration reuses the cache.
 
@@ -240,7 +240,7 @@ class DOPSD(Algorithm):
         return 1  # one forward per recorded state (and one teacher forward)
 
     @property
-    def teacher(self) -> str:
+    def frozen_model(self) -> str:  # the teacher: the frozen initial model, or the current weights
         return "reference" if self.config.fixed_teacher else "policy"
 
     def check_rollout(self, sampler, adapter) -> None:
@@ -323,7 +323,7 @@ class DOPSD(Algorithm):
         return ((step >= 0) & (batch.state.weight > 0)).nonzero().flatten()
 
     @torch.no_grad()
-    def score_teacher(self, ctx: StepContext, batch: RLBatch, teacher, micro_batch_size: int) -> DOPSDState:
+    def score_frozen(self, ctx: StepContext, batch: RLBatch, teacher, micro_batch_size: int) -> DOPSDState:
         """One no-grad forward of the teacher per state: reveal, select the positions, cache the top-k."""
         _no_sequence_parallel()
         cfg, st = self.config, batch.state

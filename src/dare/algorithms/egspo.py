@@ -15,7 +15,7 @@ records it at commit time), in descending order; slot k of every sample is its k
 * ``egspo_sa`` (stepwise advantages): ``r_k = R(x0_hat(s_{t_k}))``, the reward of the one-step greedy denoise of
   the state (argmax at every masked position, committed tokens kept), ``G_k = (R + lambda (R - r_k)) / (1 + lambda)``,
   ``A_k = G_k - mean_group G_k`` per slot. x0_hat is recomputed before the update with one no-grad forward per
-  trained state (``score_with_policy``; the reference keeps it from the rollout forward, T x L tokens per sample).
+  trained state (``score_frozen`` with the pre-update policy; the reference keeps it from the rollout forward, T x L tokens per sample).
 
 Loss per inner iteration j (one optimizer update; it trains slots ``[j m, (j+1) m)``, m = K / mu):
 ``sum_{b, k} [-min(rho A, clip(rho, 1 - lo, 1 + hi) A) + beta k3(logpi, logpi_ref)] / (n * N_j)`` with ``rho`` the
@@ -342,7 +342,11 @@ class EGSPOSA(EGSPO):
                         "partly masked one is a state the block factorisation never trains (its blocks condition on "
                         "a clean prefix), so x0_hat has no block-model form; plain egspo trains block models"}
 
-    def score_with_policy(self, ctx: StepContext, batch: RLBatch, policy, micro_batch_size: int) -> EGSPOState:
+    @property
+    def frozen_model(self) -> str:  # the greedy one-step denoise is the pre-update policy's
+        return "policy"
+
+    def score_frozen(self, ctx: StepContext, batch: RLBatch, policy, micro_batch_size: int) -> EGSPOState:
         """``step_rewards [B, K]``: the reward of the greedy one-step denoise of every trained state (one no-grad
         forward per slot and micro-batch, one reward call for all), before any update."""
         score = ctx.services.score_completions
