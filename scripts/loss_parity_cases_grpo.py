@@ -217,3 +217,50 @@ def espo(ref):
                   {"logp_passes": passes}, loss, ref.meta(rel, "ESPOTrainer.compute_loss -> _get_elbo_mc, _get_elbo"),
                   runner="espo", note="logp_passes[j, 0/1] are the per-token log-probs of MC sample j's main and "
                                       "complement passes")
+
+
+@case("gdpo", "gdpo")
+def gdpo(ref):
+    """GDPO's ``compute_loss`` -> ``NumericalIntegrationEstimator('gauss-3').get_log_likelihood``: the authors' own
+    sampler (``forward_process``: exactly int(t L) positions by ``randperm``) draws each node's mask, their estimator
+    weights each node's cross-entropy by 1/t and the rule's weight, their loss takes exp((B - B_old)/L) clipped at
+    0.5. Completions without padding: the authors score the whole canvas (dare up to the first EOS), and a 12-token
+    canvas so that every node masks at least one token (int(0.113 * 12) = 1)."""
+    est_rel, rel = "gdpo/likelihood_estimators.py", "gdpo/gdpo_trainer.py"
+    estimators = load_reference(ref.file(est_rel), "gdpo_estimators")
+    mod = load_reference(ref.file(rel), "gdpo")
+    x = rl_inputs(seed=16, eos_rows=0, gen_len=12)
+    g = x.pop("generator")
+    B, Lc = x["completion_ids"].shape
+    mu, itr = 2, 1
+    nodes = log_probs(g, 3, B, Lc, low=-1.5).requires_grad_()  # per-token log-probs of the three node views
+    elbo_scale = torch.full((mu, B), -0.8 * Lc, dtype=torch.float64)
+    old = perturbed(g, elbo_scale, 1.5)
+    adv = _advantages(g, x["group"])
+    est = estimators.get_estimator("gauss-3")
+    sampler, drawn = est.forward_process, []
+
+    def forward_process(batch, p_mask, prompt_index, mask_id):
+        # the authors' mask id (LLaDA's 126336, get_log_likelihood's default): their get_loss finds the masked
+        # positions by it; the stand-in logits do not read the noisy ids
+        noisy, p = sampler(batch, p_mask, prompt_index, mask_id)
+        drawn.append(noisy[:, -Lc:] == mask_id)
+        return noisy, p
+
+    def get_logits(model, batch, prompt_index, cfg_scale, mask_id, attn_mask=None):
+        return _view_logits(nodes[len(drawn) - 1], x)
+
+    est.forward_process, est.get_logits = forward_process, get_logits
+    tr = trainer(mod.GDPOTrainer, _step=itr, args=SimpleNamespace(num_iterations=mu), num_iterations=mu, beta=0.0,
+                 epsilon=0.5, logp_estimator=est, model=SimpleNamespace(device=torch.device("cpu")),
+                 control=SimpleNamespace(should_evaluate=False), _metrics={"train": {"clip_ratio": []}},
+                 accelerator=SimpleNamespace(gather_for_metrics=lambda t: t))
+    loss = tr.compute_loss(None, {**_seq(x), "mask_seeds": torch.tensor([5, 6]), "advantages": adv,
+                                  "old_logps": old})
+    config = dict(inner_iterations=mu, clip_low=0.5, clip_high=None, beta=0.0, quadrature="gauss-3", mc_per_node=1,
+                  advantage="mean")
+    return record("gdpo", config, {**_seq(x), "advantages": adv, "old_logp": old[itr][:, None],
+                                   "node_masked": torch.stack(drawn)},
+                  {"logp_nodes": nodes}, loss,
+                  ref.meta(rel, "GDPOTrainer.compute_loss -> NumericalIntegrationEstimator.get_log_likelihood, get_loss"),
+                  runner="gdpo", note="logp_nodes[n] are the per-token log-probs of node n's view (t ascending)")

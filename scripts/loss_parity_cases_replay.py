@@ -405,7 +405,4 @@ def mdpo(ref):
                   ref.meta(rel, "MDPOTrainer._generate_and_score_completions (step advantages), "
                                 "split_into_micro_batches, compute_loss; one sample per device, mean over devices"),
                   runner="mdpo", note=f"{S} denoising steps, the top {k} trained; "
-                                      f"logp_steps[s] = log pi(x0^(s) | x^(s))",
-                  xfail="MDPO's compute_loss divides each step's token sum by (#masked + 1e-4); dare's MDPO.loss "
-                        "divides by #masked (N_s), so dare's value and gradient are larger by a factor "
-                        "(#masked + 1e-4) / #masked (1 + 2.5e-5 with 4 masked tokens); everything else matches")
+                                      f"logp_steps[s] = log pi(x0^(s) | x^(s))")

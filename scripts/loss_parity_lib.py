@@ -14,6 +14,9 @@ re-typing any of their expressions:
   stubs (metric logging becomes a no-op).
 * ``nested_function(path, name, **closure)`` compiles the exact source text of a function defined inside another
   function (TraceRL's ``forward_process``) with its closure variables (``model``, ``config``) given as globals.
+* ``source_block(path, start, stop, **variables)`` runs the exact lines of a block inside a long function (IGPO's
+  entropy filter in ``_generate_and_score_completions``), from the line holding ``start`` up to the one holding
+  ``stop``, with the variables it reads, and returns the variables it leaves.
 
 Nothing from these files is copied into the repository: the script imports them from a local checkout.
 
@@ -189,6 +192,21 @@ def nested_function(path: Path, name: str, **closure):
     return namespace[name]
 
 
+def source_block(path: Path, start: str, stop: str, **variables) -> dict:
+    """Run the lines of ``path`` from the first one containing ``start`` up to (without) the next one containing
+    ``stop``, dedented, with ``variables`` as its globals; returns the namespace it leaves."""
+    lines = Path(path).read_text().splitlines()
+    first = next((i for i, line in enumerate(lines) if start in line), None)
+    if first is None:
+        raise ValueError(f"{path}: no line contains {start!r}")
+    end = next((i for i in range(first + 1, len(lines)) if stop in lines[i]), None)
+    if end is None:
+        raise ValueError(f"{path}: no line after {first + 1} contains {stop!r}")
+    namespace = {"__name__": f"{STUB_PACKAGE}.block", **variables}
+    exec(compile(textwrap.dedent("\n".join(lines[first:end])), f"{path}:{first + 1}-{end}", "exec"), namespace)
+    return namespace
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Reference checkouts and the case registry
 # ----------------------------------------------------------------------------------------------------------
@@ -205,6 +223,11 @@ REPOS = {  # key -> GitHub repository of the authors' code
     "dirl": "OpenMOSS/DiRL",
     "justgrpo": "LeapLabTHU/JustGRPO",
     "dtreerpo": "THU-BPM/d-TreeRPO",
+    "gdpo": "KevinRojas1499/GDPO",
+    "igpo": "facebookresearch/igpo",
+    "d2": "kuleshov-group/d2",
+    "egspo": "vishnutez/egspo-dllm-rl",
+    "d_opsd": "xingzhejun/d-OPSD",
 }
 
 

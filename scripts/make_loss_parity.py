@@ -24,7 +24,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
 import loss_parity_lib as lib  # noqa: E402
 import loss_parity_cases_ar_tree  # noqa: E402,F401  (registers its cases)
+import loss_parity_cases_d2  # noqa: E402,F401
+import loss_parity_cases_egspo  # noqa: E402,F401
+import loss_parity_cases_dopsd  # noqa: E402,F401
 import loss_parity_cases_grpo  # noqa: E402,F401
+import loss_parity_cases_igpo  # noqa: E402,F401
 import loss_parity_cases_replay  # noqa: E402,F401
 import loss_parity_cases_value  # noqa: E402,F401
 from tests.algorithms.parity_io import CASE_DIR, save_case  # noqa: E402

@@ -146,6 +146,27 @@ ADJUST = {
     "dtreerpo": Adjust("d-TreeRPO's tree replaces the group: 2 trunks x 4 branches = 8 leaves per prompt, the unified "
                        "group size (the authors' 4 x 4 = 16; docs/algorithms/dtreerpo.md)",
                        algorithm={"trunks": 2, "branch_factor": 4}),
+    "d2_anyorder": Adjust("d2-AnyOrder scores the any-order sampler's own conditionals: rollout.sampler.any_order "
+                          "(masks see only decoded tokens; 2 tokens per step at the unified steps = gen_length / 2, as "
+                          "the authors). It needs a checkpoint fine-tuned any-order (the authors': "
+                          "GuanghanWang/d2_anyorder_causal_llada_intellectsft_gsm8k); docs/algorithms/d2_anyorder.md",
+                          sampler={"any_order": True}),
+    "d2_stepmerge": Adjust("d2-StepMerge segments N = gen_length / 32: one segment per 32-token block, as the authors' "
+                           "GSM8K and MATH scripts (N = steps / steps per block)",
+                           per_task={"math": {"segments": 16}, "code": {"segments": 16}, "countdown": {"segments": 8},
+                                     "sudoku": {"segments": 8}}),
+    "egspo": Adjust("EGSPO trains each completion's highest-entropy denoising steps: the sampler records the predictive "
+                    "entropy of every committed token (record_entropy; docs/algorithms/egspo.md)",
+                    sampler={"record_entropy": True}),
+    "egspo_sa": Adjust("EGSPO-SA trains each completion's highest-entropy denoising steps: the sampler records the "
+                       "predictive entropy of every committed token (record_entropy; docs/algorithms/egspo_sa.md)",
+                       sampler={"record_entropy": True}),
+    "d_opsd": Adjust("d-OPSD's pass@8 retries are off (passk 1): the unified group of 8 completions is each prompt's 8 "
+                     "tries, each distilled when correct (the authors retry one completion up to 8 times); every block "
+                     "is decoded (block_stop false) as the authors' sampler does; the authors' task values: Sudoku "
+                     "distils rollouts with cell accuracy >= 0.25, math clips at 0.04 (docs/algorithms/d_opsd.md)",
+                     algorithm={"passk": 1}, sampler={"block_stop": False},
+                     per_task={"sudoku": {"train_reward": 0.25}, "math": {"token_clip": 0.04}}),
     "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
                   per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
                             "sudoku": {"eubo_beta": 1.0}}),

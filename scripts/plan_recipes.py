@@ -55,10 +55,13 @@ def shape_key(recipe) -> str:
         d["train"].pop(k, None)
     for k in ("rdzv_endpoint", "rdzv_id"):  # where the nodes meet, not what they run
         d["distributed"].pop(k, None)
-    # The node layout, left out at its defaults: the cached plans were keyed before these settings existed.
-    for k, default in (("nnodes", 1), ("sharding", "full"), ("sequence_parallel", 1)):
-        if d["distributed"].get(k) == default:
-            d["distributed"].pop(k)
+    # Settings added after the cached plans were keyed, left out at their defaults (so adding a setting does not
+    # unplan every recipe): the node layout, SFT's editing stream.
+    for section, k, default in (("distributed", "nnodes", 1), ("distributed", "sharding", "full"),
+                                ("distributed", "sequence_parallel", 1), ("algorithm", "edit_ratio", 0.0),
+                                ("algorithm", "edit_weight", 1.0), ("algorithm", "keep_weight", 0.0)):
+        if section in d and d[section].get(k, default) == default:
+            d[section].pop(k, None)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

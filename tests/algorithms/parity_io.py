@@ -94,3 +94,20 @@ def completion_hidden(logp: torch.Tensor, prompt_len: int, completion_ids: torch
     B = logp.shape[0]
     prompt = torch.zeros(B, prompt_len, VOCAB, dtype=logp.dtype)
     return torch.cat([prompt, embed_logp(logp, completion_ids)], dim=1)
+
+
+def block_logits(block: torch.Tensor, states: torch.Tensor, prompt_len: int, block_length: int,
+                 mask_id: int) -> torch.Tensor:
+    """``[S, P + Lc, V]`` logits of sampler states ``states [S, P + Lc]`` whose current block (the one holding the
+    first mask after the prompt) carries ``block [S, block_length, V]`` and every other position zeros
+    (differentiable in ``block``). d-OPSD reads a state's logits only in its current block, so a case stores just
+    that block (the d-OPSD cases)."""
+    S, L = states.shape
+    out = []
+    for s in range(S):
+        masked = (states[s, prompt_len:] == mask_id).nonzero().flatten()
+        first = int(masked[0]) if masked.numel() else 0
+        start = prompt_len + (first // block_length) * block_length
+        row = torch.zeros(L, block.shape[-1], dtype=block.dtype)
+        out.append(torch.cat([row[:start], block[s], row[start + block_length:]]))
+    return torch.stack(out)

@@ -86,7 +86,7 @@ def test_lambda_times_masked_count_is_the_generation_length():
     model, algo, ctx = setup(MDPOConfig(sample_train_steps=4))
     batch, _, _ = _mdpo_batch(model, ctx, steps=4, gen=8)
     views = corrupt(algo, ctx, batch, 0)
-    tgt, lam, _ = algo._slot_tensors(batch, views)
+    tgt, lam, _, _ = algo._slot_tensors(batch, views)
     n = tgt.view(tgt.shape[0], len(views), 8).float().sum(-1)
     lam_slot = lam.view(tgt.shape[0], len(views), 8)[..., 0]
     assert (n > 0).all()
@@ -101,11 +101,11 @@ def test_ratio_one_loss_and_per_step_backward_match_the_formula():
     batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
     views = batch.views[0]
-    tgt, lam, conf = algo._slot_tensors(batch, views)
+    tgt, lam, conf, count = algo._slot_tensors(batch, views)
     k, Lc = len(views), 8
     adv = batch.advantages.values.repeat_interleave(Lc, dim=1)
-    n = torch.tensor([ctx.norms[f"mdpo_slot_{j}"] for j in range(k)]).repeat_interleave(Lc)[None]
-    expected = (-adv * lam * conf * tgt / n).sum()
+    # the reference's per-sample step loss (token sum / (its masked count + 1e-4)), mean over the samples
+    expected = (-adv * lam * conf * tgt / (count + 1e-4)).sum() / batch.size
     model.zero_grad()
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=2)
     assert abs(m["ratio_mean"] - 1.0) < 1e-6 and m["clip_frac"] == 0.0

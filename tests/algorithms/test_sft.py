@@ -137,3 +137,129 @@ def test_block_nelbo_matches_sdar_reference_training_forward():
     assert torch.allclose(token_loss, t["block_diffusion_token_loss"], atol=1e-4)
     answer_tokens = (t["labels"] != -100).sum()
     assert abs(token_loss.sum().item() / answer_tokens.item() - t["loss"].item()) < 1e-4
+
+
+def _edit_views(edit_ratio, seed=2):
+    tok = tiny_tokenizer()
+    model = tiny("llada2_moe", tokenizer=tok, num_layers=1)
+    algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens",
+                                     edit_ratio=edit_ratio, edit_weight=0.5))
+    batch = sft_rows_batch([[d] for d in _docs(8, seed=1)], list(range(8)), 1, False)
+    (view,) = algo.corrupt(StepContext(step=0, seed=seed, adapter=model.adapter), batch, 0)
+    return model, batch, view
+
+
+def test_editing_stream_replaces_visible_answer_tokens_and_keeps_the_masks():
+    model, batch, plain = _edit_views(0.0)
+    _, _, view = _edit_views(0.4)
+    L = batch["input_ids"].shape[1]
+    mask_id = model.adapter.mask_token_id
+    masked = plain.input_ids[:, :L] == mask_id
+    assert torch.equal(view.input_ids[:, :L] == mask_id, masked)  # the drafting stream is mask-only SFT's
+    clean = batch["input_ids"]
+    edited = (view.input_ids[:, :L] != clean) & ~masked
+    assert edited.any()
+    assert not (edited & ~batch["answer_mask"]).any()  # prompts and padding are never edited
+    assert not (view.input_ids[:, :L][edited] == mask_id).any()
+    assert torch.equal(view.targets, masked | edited)
+    assert torch.equal(view.weight, masked.float() + 0.5 * edited.float())
+    assert torch.equal(view.input_ids[:, L:], clean)  # the clean half stays clean
+    frac = edited.sum() / (batch["answer_mask"] & ~masked).sum()
+    assert 0.2 < float(frac) < 0.6, frac
+
+
+def test_editing_stream_off_is_mask_only_sft_bit_for_bit():
+    _, _, a = _edit_views(0.0)
+    tok = tiny_tokenizer()
+    model = tiny("llada2_moe", tokenizer=tok, num_layers=1)
+    algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens"))
+    batch = sft_rows_batch([[d] for d in _docs(8, seed=1)], list(range(8)), 1, False)
+    (b,) = algo.corrupt(StepContext(step=0, seed=2, adapter=model.adapter), batch, 0)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.weight, b.weight)
+
+
+def _copy_docs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for i in range(n):
+        p = torch.randint(10, 40, (4,), generator=g).tolist()
+        docs.append(SFTDoc(i, p, p + [1]))  # the answer repeats the prompt: a corrupted token is recoverable
+    return docs
+
+
+def _corrupted(docs, seed):
+    """(clean answers [n, 5], the same with one answer token replaced by another token of the task's range)."""
+    clean = torch.tensor([d.answer for d in docs])
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = torch.arange(len(docs)), torch.randint(0, 4, (len(docs),), generator=g)
+    noisy = clean.clone()
+    noisy[rows, cols] = (clean[rows, cols] - 10 + torch.randint(1, 30, (len(docs),), generator=g)) % 30 + 10
+    return clean, noisy
+
+
+def _editing_decode_repairs(model, docs, seed, threshold=0.5):
+    """The editing decode (LLaDA2.1's token-to-token rule, ``rollout.block._editing_block``) run on a block whose
+    answer is already drafted with one wrong token: the fraction of answers it leaves exactly right."""
+    from dare.rollout.block import BlockForward, _editing_block, build_block_state
+    from dare.rollout.config import SamplerConfig
+    from dare.rollout.selection import REMASKINGS
+    from dare.rollout.state import make_prompt_batch
+    clean, noisy = _corrupted(docs, seed)
+    # one block of exactly prompt + answer (9 tokens): the attention the model was trained with (its block of 32
+    # holds the whole 9-token sequence)
+    cfg = SamplerConfig(gen_length=5, block_length=9, steps=5, temperature=0.0, threshold=0.9,
+                        editing_threshold=threshold, max_post_steps=4, cache="none")
+    pb = make_prompt_batch([d.prompt for d in docs], None, 1, torch.device("cpu"))
+    st = build_block_state(pb, cfg, model.adapter.mask_token_id, 1, torch.tensor([1]), None, False)
+    start = int(st.gen_start[0])
+    assert (st.gen_start == start).all()
+    st.x[:, start:start + 5] = noisy  # the draft: committed tokens, one of them wrong
+    with torch.no_grad():
+        _editing_block(BlockForward(model, st, cfg), st, cfg, REMASKINGS[cfg.remasking], st.active(), 0, 9)
+    return float((st.x[:, start:start + 5] == clean).all(1).float().mean())
+
+
+@pytest.mark.parametrize("edit_ratio,keep_weight,low,high", [
+    (0.0, 0.0, None, 0.05),  # mask-only SFT never supervises a visible token: the wrong token stays (measured 0.00)
+    pytest.param(0.3, 0.0, 0.3, None, marks=pytest.mark.slow),  # edits, but right tokens get rewritten too (0.44)
+    (0.3, 1.0, 0.7, None),  # edits and keeps (measured 0.80)
+])
+def test_editing_stream_teaches_the_model_to_repair_wrong_tokens(edit_ratio, keep_weight, low, high):
+    """A tiny LLaDA2 learns a copy task (the answer repeats the prompt) with SFT; then the editing decode is given
+    answers drafted with one wrong token. Only a model trained with the editing stream repairs them."""
+    tok = tiny_tokenizer()
+    model = tiny("llada2_moe", tokenizer=tok, num_layers=2)
+    algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens",
+                                     edit_ratio=edit_ratio, keep_weight=keep_weight))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for step in range(200):  # ~8 s: a 2-layer model needs ~150 steps to learn to copy
+        batch = sft_rows_batch([[d] for d in _copy_docs(16, seed=step)], list(range(16)), 1, False)
+        ctx = StepContext(step=step, seed=0, adapter=model.adapter)
+        stages.prepare(algo, ctx, batch, model)
+        ctx.norms = algo.normalizers(batch)
+        loss = algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch.views[0]), 0)[0]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    rate = _editing_decode_repairs(model, _copy_docs(64, seed=10_000), seed=1)
+    assert (low is None or rate > low) and (high is None or rate < high), rate
+
+
+def test_keep_weight_scores_the_unchanged_visible_answer_tokens():
+    tok = tiny_tokenizer()
+    model = tiny("llada2_moe", tokenizer=tok, num_layers=1)
+    batch = sft_rows_batch([[d] for d in _docs(8, seed=1)], list(range(8)), 1, False)
+    views = []
+    for keep in (0.0, 2.0):
+        algo = build_algorithm(SFTConfig(t_min=0.3, t_max=0.8, weighting="uniform", normalize="masked_tokens",
+                                         edit_ratio=0.4, edit_weight=0.5, keep_weight=keep))
+        views.append(algo.corrupt(StepContext(step=0, seed=2, adapter=model.adapter), batch, 0)[0])
+    L = batch["input_ids"].shape[1]
+    assert torch.equal(views[0].input_ids, views[1].input_ids)  # keeping changes what is scored, not the input
+    masked = views[0].input_ids[:, :L] == model.adapter.mask_token_id
+    edited = (views[0].input_ids[:, :L] != batch["input_ids"]) & ~masked
+    kept = batch["answer_mask"] & ~masked & ~edited
+    assert torch.equal(views[1].targets, batch["answer_mask"])
+    assert torch.equal(views[1].weight, masked.float() + 0.5 * edited.float() + 2.0 * kept.float())
+    with pytest.raises(ValueError, match="needs edit_ratio > 0"):
+        SFTConfig(keep_weight=1.0)

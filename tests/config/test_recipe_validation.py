@@ -15,9 +15,24 @@ from tests.trainer.helpers import ROOT
 D1 = ROOT / "recipes/d1_tiny.yaml"
 
 
-def rl_methods():
+def rl_methods(group_relative: bool = True):
+    """The built-in RL methods whose default config needs a group (``group_need`` > 1: a group-relative advantage),
+    or, with ``group_relative=False``, those that learn from a lone completion (d-OPSD: no advantage at all)."""
     load_builtin_algorithms()
-    return sorted(name for name, cls in ALGORITHMS.items() if cls.uses_rollout and not name.startswith("test_"))
+    return sorted(name for name, cls in ALGORITHMS.items() if cls.uses_rollout and not name.startswith("test_")
+                  and (cls.config_class().group_need()[0] > 1) == group_relative)
+
+
+@pytest.mark.parametrize("name", rl_methods(group_relative=False))
+def test_methods_without_a_group_advantage_train_on_a_group_of_one(name):
+    recipe = load_recipe(D1, [f"algorithm={{name: {name}}}", "rollout.group_size=1"])
+    assert recipe.rollout.group_size == 1 and recipe.algorithm.group_need() == (1, "")
+
+
+def test_only_methods_without_an_advantage_learn_from_a_lone_completion():
+    from dare.algorithms.base import Algorithm
+    for name in rl_methods(group_relative=False):  # the advantages hook is the base's: no advantage at all
+        assert ALGORITHMS[name].advantages is Algorithm.advantages, name
 
 
 @pytest.mark.parametrize("name", rl_methods())

@@ -13,7 +13,7 @@ from typing import Callable, Literal, Optional
 import torch
 
 # The names the built-in configs accept (typed config fields); the registries are the source of truth.
-AdvantageMode = Literal["mean", "mean_std", "loo", "none"]
+AdvantageMode = Literal["mean", "mean_std", "mean_std_unbiased", "loo", "none"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum"]
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
@@ -60,6 +60,16 @@ def _z_score(r, groups, eps):
     step with eps 1e-4 on ``[B, S]`` rewards)."""
     mean, std, _ = group_mean_std(r, groups)
     denom = std + eps
+    return torch.where(denom > 0, (r - mean) / denom.clamp_min(1e-300), torch.zeros_like(r))
+
+
+@register_advantage("mean_std_unbiased")
+def _z_score_unbiased(r, groups, eps):
+    """(r - mean) / (std + eps) with the unbiased (n - 1) std, ``torch.std``'s default (d2-AnyOrder); 0 for groups of
+    one and where the std is 0 and eps is 0."""
+    mean, std, n = group_mean_std(r, groups)
+    unbiased = torch.where(n > 1, std * torch.sqrt(n / (n - 1).clamp_min(1)), torch.zeros_like(std))
+    denom = unbiased + eps
     return torch.where(denom > 0, (r - mean) / denom.clamp_min(1e-300), torch.zeros_like(r))
 
 

@@ -24,6 +24,12 @@ positions, K likelihood slots (usually Lc; 1 for a sequence-level estimate).
   ``mc_samples`` says how many forward rows it uses per sample.
 * ``score_companions(ctx, batch, micro_batch_size) -> state | None`` -- stage (3) for models trained beside the
   policy (``companions()``; TraceRL's value model): their scores before any update, returned as the new state.
+* ``frozen_model`` / ``score_frozen(ctx, batch, model, micro_batch_size) -> state | None`` -- stage (3), after the
+  views: a method's own no-grad pass over the batch with the module ``frozen_model`` names ("policy": the current
+  weights before this step's updates; "reference": the reference policy, i.e. the LoRA-disabled base or a frozen copy
+  of the initial model), for what it needs besides the views' log-likelihoods (EGSPO-SA: the greedy one-step denoise
+  of every trained state; d-OPSD: its self-future teacher), returned as the new state and cached for every inner
+  iteration. Default: None (no pass).
 * ``advantages(ctx, batch) -> Advantages | None`` -- the advantage estimator (RL only): values and the active mask.
 * ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch, a thin adapter
   over ``dare.algorithms.losses``. Losses and metrics are *additive*: each micro-batch returns its share of the
@@ -252,6 +258,20 @@ class Algorithm:
     def score_companions(self, ctx: StepContext, batch, micro_batch_size: int):
         """Stage (3) for the companions: their scores of the batch's views before any update, returned as the new
         ``batch.state`` (None: nothing to score, the state is kept)."""
+        return None
+
+    @property
+    def frozen_model(self) -> Optional[str]:
+        """The module ``score_frozen`` reads in stage (3): "policy" (the current weights, before this step's
+        updates), "reference" (the reference policy, built for it as for a KL penalty: the LoRA-disabled base or a
+        frozen copy of the initial model) or None (no such pass)."""
+        return None
+
+    def score_frozen(self, ctx: StepContext, batch, model, micro_batch_size: int):
+        """Stage (3), after the views are drawn and before the old / reference log-probs: the method's own scoring
+        of the batch with ``model`` (the module ``self.frozen_model`` names, lent under ``no_grad``), returned as the
+        new ``batch.state`` (None: the state is kept). It runs once per batch, so what it returns serves every inner
+        iteration. Under FSDP every rank must run the same number of forwards."""
         return None
 
     @property

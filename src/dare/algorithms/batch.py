@@ -162,6 +162,8 @@ class RLBatch(Rows):
     completion_mask: torch.Tensor  # [B, Lc] bool: positions up to and including the first stop token
     rewards: torch.Tensor  # [B] float (or [B, S]: per step)
     step_map: Optional[torch.Tensor] = None  # [B, Lc] long: the denoising step that wrote each token (-1: never)
+    # [B, Lc] float: entropy of the distribution each token was committed from (rollout.sampler.record_entropy)
+    entropy_map: Optional[torch.Tensor] = None
     trajectory: Any = None  # dare.rollout.Trajectory: the recorded intermediate states (samplers that record them)
     examples: Optional[list] = None  # B dicts: each sample's data row, with its "rollout" numbers
     completions: Optional[list] = None  # B decoded completion texts

@@ -10,9 +10,13 @@ returns its additive share) and the metrics as Python floats normalised the same
   the methods built on it).
 * ``weighted_policy_loss``: the same per-token terms with explicit surrogate and KL weights on a selection of
   tokens (the trajectory replays: one view's targets at a time).
+* ``sequence_ratio_token_loss``: GSPO's sequence ratio (the mean token log-ratio) applied to every token, with a
+  per-token KL and a token aggregation (IGPO's released configuration).
 * ``sequence_ratio_loss``: a clipped ratio of length-normalised sequence ELBOs and a KL on the raw ELBO (ESPO, EBPO).
 * ``clipped_value_loss``: PPO's clipped value loss (TraceRL's value model).
 * ``dpo_loss``: the DPO / VRPO objective on ELBO margins.
+* ``topk_divergence``: the pointwise generalised JSD / KL between a student and a teacher distribution over the
+  teacher's top-k tokens, with pointwise clipping (d-OPSD's self-distillation).
 """
 from __future__ import annotations
 
@@ -92,6 +96,35 @@ def token_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return aggregate(per_token, mask, aggregation, norms, logp.shape[1] if length is None else length), metrics
 
 
+def sequence_ratio_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                              *, norms: dict, clip_low: float, clip_high: Optional[float] = None,
+                              ratio_mask: Optional[torch.Tensor] = None, ref_logp: Optional[torch.Tensor] = None,
+                              beta: float = 0.0, kl_estimator: str = "k3", aggregation: str = "token_mean",
+                              entropy: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+    """GSPO's ratio on token terms: ``s_b = exp(mean_{ratio_mask}(logp) - mean_{ratio_mask}(old_logp))`` is every
+    token's ratio in ``-min(s A, clip(s) A) + beta KL(pi || ref)_token``, aggregated over ``mask``.
+
+    ``ratio_mask`` (default ``mask``): the positions the sequence ratio averages over (IGPO's reference averages
+    over every completion position, also those the loss mask drops). Shapes ``[B, L]``, ``advantages [B]``."""
+    rm = (mask if ratio_mask is None else ratio_mask).to(logp.dtype)
+    n = rm.sum(-1).clamp_min(1.0)
+    # the two means separately, as the reference (sum / L of each), so the values match it to rounding
+    log_ratio = (logp * rm).sum(-1) / n - (old_logp * rm).sum(-1) / n
+    ratio = torch.exp(log_ratio)[:, None].expand_as(logp)
+    per_token, clipped = clip_ratio_loss(ratio, advantages, clip_low, clip_high)
+    tok = max(norms["tokens"], 1.0)
+    m = mask.to(logp.dtype)
+    metrics = {"clip_frac": float((clipped.float() * m).sum()) / tok,
+               "ratio_mean": float((ratio.detach() * m).sum()) / tok}
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        per_token = per_token + beta * kl
+        metrics["kl"] = float((kl.detach() * m).sum()) / tok
+    if entropy is not None:
+        metrics["entropy"] = float((entropy * m).sum()) / tok
+    return aggregate(per_token, mask, aggregation, norms, logp.shape[1]), metrics
+
+
 def weighted_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, select: torch.Tensor,
                          w_pg: torch.Tensor, w_kl: torch.Tensor, *, target_count: float, clip_low: float,
                          clip_high: Optional[float] = None, dual_clip: Optional[float] = None,
@@ -163,3 +196,30 @@ def dpo_loss(margin: torch.Tensor, weight: torch.Tensor, *, pairs: float, beta: 
     metrics = {"pref_accuracy": float(((margin.detach() > 0).float() * weight).sum()) / pairs,
                "reward_margin": float((margin.detach() / beta * weight).sum()) / pairs}
     return loss, metrics
+
+
+def topk_divergence(student_logq: torch.Tensor, teacher_logq: torch.Tensor, beta: float,
+                    clip: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pointwise divergence terms ``[..., K]`` between two distributions given as log-probs over the same K tokens
+    (renormalised over them), and where the clip acted (bool, same shape).
+
+    ``beta = 1``: reverse KL(student || teacher), ``d_v = q_s (log q_s - log q_t)``; ``beta = 0``: forward
+    KL(teacher || student), ``d_v = q_t (log q_t - log q_s)``; otherwise the generalised JSD with the mixture
+    ``m = (1 - beta) q_s + beta q_t``: ``d_v = beta q_t (log q_t - log m) + (1 - beta) q_s (log q_s - log m)``.
+    Summed over v each is the divergence; single terms can be negative. ``clip`` caps every term (d-OPSD's
+    pointwise KL clipping: ``min(d_v, clip)``; a capped term passes no gradient), so a sum of clipped terms is at most
+    the divergence."""
+    s, t = student_logq, teacher_logq
+    if beta == 1.0:
+        d = s.exp() * (s - t)
+    elif beta == 0.0:
+        d = t.exp() * (t - s)
+    elif 0.0 < beta < 1.0:
+        b = torch.tensor(beta, dtype=s.dtype, device=s.device)
+        m = torch.logsumexp(torch.stack([s + torch.log1p(-b), t + torch.log(b)]), dim=0)
+        d = beta * (t.exp() * (t - m)) + (1.0 - beta) * (s.exp() * (s - m))
+    else:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if clip is None:
+        return d, torch.zeros_like(d, dtype=torch.bool)
+    return d.clamp(max=clip), d > clip

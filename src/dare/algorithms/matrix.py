@@ -101,7 +101,8 @@ def markdown_matrix() -> str:
             reasons.setdefault((a.name, why), []).append(f)
     if reasons:
         lines.append("")
-        lines.append("Undefined (no uniform-noise form of the estimator; docs/algorithms/uniform_noise.md):")
+        lines.append("Undefined (the estimator has no form for that attention kind; uniform noise: "
+                     "docs/algorithms/uniform_noise.md):")
         for (name, why), where in reasons.items():
             lines.append(f"- `{name}` on {', '.join(where)}: {why}.")
     return "\n".join(lines)

@@ -251,40 +251,42 @@ class MDPO(GRPOAlgorithm):
 
     # --- loss ----------------------------------------------------------------------------------------------
     def _slot_tensors(self, batch: RLBatch, views: list[View]):
-        """Per slot (selected step): targets [B, k*Lc], lambda [B, k*Lc], confidence [B, k*Lc]."""
+        """Per slot (selected step): targets [B, k*Lc], lambda [B, k*Lc], confidence [B, k*Lc] and the sample's masked
+        count of the step n [B, k*Lc]."""
         Lc = batch.completion_ids.shape[1]
-        tgts, lams, confs = [], [], []
+        tgts, lams, confs, counts = [], [], [], []
         for v in views:
             t = v.targets.gather(1, v.score_index)
             n = t.float().sum(1, keepdim=True)
             tgts.append(t)
             lams.append((Lc / (n + 1e-4)).expand_as(t))
+            counts.append(n.expand_as(t))
             c = v.info.get("confidence")
             confs.append(c if (c is not None and self.config.confidence_weight) else torch.ones_like(t, dtype=torch.float32))
-        return torch.cat(tgts, 1), torch.cat(lams, 1), torch.cat(confs, 1)
+        return torch.cat(tgts, 1), torch.cat(lams, 1), torch.cat(confs, 1), torch.cat(counts, 1)
 
     def normalizers(self, batch: RLBatch) -> dict[str, float]:
         active = batch.active.float()[:, None] > 0
         out = {"seqs": float(active.sum()), "samples": float(batch.size), "targets": 0.0}
-        for j, v in enumerate(batch.views[0]):
-            n = float((v.targets.gather(1, v.score_index) & active).sum())
-            out[f"mdpo_slot_{j}"] = n
-            out["targets"] += n
+        for v in batch.views[0]:
+            out["targets"] += float((v.targets.gather(1, v.score_index) & active).sum())
         return out
 
     def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int, slots=None):
+        """``(1/S) sum_i sum_s sum_k lambda c (surrogate + beta KL) / (n_is + 1e-4)``: each sample's step token sum
+        divided by that sample's masked count at the step (the reference's ``compute_loss`` of one sample), summed
+        over the trained steps, then the mean over the step's S active samples (the reference's mean over devices).
+        The per-sample sums are local and S is global, so the value does not depend on micro-batches or ranks."""
         cfg = self.config
         views = batch.views[iteration]
         Lc = batch.completion_ids.shape[1]
         k = len(views)
-        tgt, lam, conf = self._slot_tensors(batch, views)
+        tgt, lam, conf, count = self._slot_tensors(batch, views)
         tgt = tgt & (batch.active.float()[:, None] > 0)
         if slots is not None:  # restrict to some slots (per-view backward)
             keep = torch.zeros(k, dtype=torch.bool)
             keep[list(slots)] = True
             tgt = tgt & keep.repeat_interleave(Lc).to(tgt.device)[None]
-        per_slot_n = torch.tensor([max(ctx.norms.get(f"mdpo_slot_{j}", 0.0), 1.0) for j in range(k)])
-        denom = per_slot_n.repeat_interleave(Lc).to(tgt.device)[None]
         logp = current.value
         old, ref = self.old_and_ref(batch, current, iteration)
         logp_s = torch.where(tgt, logp, old.detach())  # placeholders outside the targets give ratio 1
@@ -298,7 +300,7 @@ class MDPO(GRPOAlgorithm):
             kl = kl_penalty(logp_s, torch.where(tgt, ref, logp_s.detach()), cfg.kl_estimator)
             per_tok = per_tok + cfg.beta * kl
             metrics["kl"] = float((kl.detach() * tgt).sum()) / n_all
-        loss = (per_tok * conf * tgt / denom).sum()
+        loss = (per_tok * conf * tgt / (count.to(per_tok.device) + 1e-4)).sum() / max(ctx.norms["seqs"], 1.0)
         metrics["clip_frac"] = float((clipped.float() * tgt).sum()) / n_all
         metrics["ratio_mean"] = float((ratio.detach() * tgt).sum()) / n_all
         if current.entropy is not None:

@@ -20,6 +20,10 @@ One algorithm covers every family through the adapter:
   ``weighting: scheduler`` only corrupted positions are scored, weighted 1/t: the uniform-noise ELBO of
   docs/algorithms/uniform_noise.md.
 
+* LLaDA2.1's editing stream (``edit_ratio`` > 0, masked families): answer tokens the mask left visible are replaced
+  by uniform random tokens with that probability and scored at the same position (weight ``edit_weight``), so the
+  model learns the token-to-token edits of its decoder; our reading of the report (its training code is not public).
+
 ``normalize``: ``answer_length`` (LLaDA: each document's sum divided by its own answer length, then the mean over
 documents), ``answer_tokens`` (d1 SFT / SDAR: divided by all answer tokens of the step), ``masked_tokens``
 (LLaDA2: the mean over masked tokens). All normalisers are global over the step.
@@ -60,6 +64,14 @@ class SFTConfig(AlgorithmConfig):
     score_clean: Optional[bool] = None
     encoder_loss_weight: float = 1.0  # weight of the encoder's autoregressive cross-entropy
     self_conditioning_p: float = 0.5  # probability that a row is denoised twice, the second pass self-conditioned
+    # LLaDA2.1's editing stream (token-to-token): of the answer tokens the mask left visible, this fraction is replaced
+    # by uniform random tokens and predicted back (weight ``edit_weight`` x the token weight), so the model learns to
+    # rewrite wrong tokens, what the editing decode (``rollout.sampler.editing_threshold``) does. 0: mask-only SFT.
+    edit_ratio: float = 0.0
+    edit_weight: float = 1.0
+    # With the editing stream: the visible answer tokens left unchanged are scored too (predict themselves), at this
+    # weight, so the decode's edits leave right tokens alone (measured: 0 lets it rewrite a quarter of them).
+    keep_weight: float = 0.0
 
     def __post_init__(self):
         if not 0.0 <= self.t_min < self.t_max <= 1.0:
@@ -69,6 +81,28 @@ class SFTConfig(AlgorithmConfig):
         if self.encoder_loss_weight < 0 or not 0.0 <= self.self_conditioning_p <= 1.0:
             raise ValueError(f"need encoder_loss_weight >= 0 and 0 <= self_conditioning_p <= 1, got "
                              f"{self.encoder_loss_weight}, {self.self_conditioning_p}")
+        if not 0.0 <= self.edit_ratio < 1.0 or self.edit_weight < 0 or self.keep_weight < 0:
+            raise ValueError(f"need 0 <= edit_ratio < 1, edit_weight >= 0 and keep_weight >= 0, got {self.edit_ratio}, "
+                             f"{self.edit_weight}, {self.keep_weight}")
+        if self.keep_weight > 0 and self.edit_ratio == 0:
+            raise ValueError("keep_weight scores the tokens the editing stream left unchanged: it needs edit_ratio > 0")
+        if self.edit_ratio > 0 and self.weighting == "cart":
+            raise ValueError("edit_ratio needs weighting scheduler or uniform (cart weights only masked positions)")
+
+
+def _edit_draws(gen: torch.Generator, visible: torch.Tensor, clean: torch.Tensor, ratio: float, adapter):
+    """(edited [n] bool, random tokens [n]): each ``visible`` token is replaced with probability ``ratio`` by a token
+    drawn uniformly from the vocabulary without the mask token and the token itself (an edit that changes nothing
+    teaches nothing)."""
+    n = clean.shape[0]
+    edit = (torch.rand(n, generator=gen) < ratio) & visible
+    vocab = adapter.vocab_size
+    # uniform over vocab \ {mask, clean}: draw from vocab - 2 values, then step over the two excluded ids
+    draw = torch.randint(0, vocab - 2, (n,), generator=gen)
+    excluded = torch.stack([torch.full_like(clean, int(adapter.mask_token_id)), clean], 1).sort(1).values
+    tokens = draw + (draw >= excluded[:, 0]).long()
+    tokens = tokens + (tokens >= excluded[:, 1]).long()
+    return edit, tokens
 
 
 def doc_segments(doc_uid_row: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -100,7 +134,11 @@ class SFT(Algorithm):
         t_tok = torch.ones(ids.shape, dtype=torch.float32)
         answer_cpu = answer.bool().cpu()
         uniform = ctx.adapter.noise == "uniform"
+        if cfg.edit_ratio > 0 and uniform:
+            raise ValueError("edit_ratio is the masked families' editing stream; a uniform-noise model's corruption "
+                             "already replaces tokens (weighting / score_clean set what it scores)")
         noisy = ids.cpu().clone()
+        edited = torch.zeros(ids.shape, dtype=torch.bool)
         for r in range(ids.shape[0]):
             for uid, s, e in doc_segments(docs[r].cpu()):
                 g = ctx.generator(iteration, uid, 0)
@@ -123,11 +161,19 @@ class SFT(Algorithm):
                 if cfg.normalize == "answer_length":
                     w = w / max(int(ans.sum()), 1)
                 weight[r, s:e] = w * m
+                if cfg.edit_ratio > 0:  # its own stream: the masks above are those of mask-only SFT
+                    edit, tokens = _edit_draws(ctx.generator(iteration, uid, "edit"), ans & ~m, ids.cpu()[r, s:e],
+                                               cfg.edit_ratio, ctx.adapter)
+                    noisy[r, s:e] = torch.where(edit, tokens, noisy[r, s:e])
+                    keep = ans & ~m & ~edit & (cfg.keep_weight > 0)
+                    edited[r, s:e] = edit | keep
+                    weight[r, s:e] += w * (cfg.edit_weight * edit + cfg.keep_weight * keep)
         dev = ids.device
         masked, weight = masked.to(dev), weight.to(dev)
         if ctx.adapter.is_encoder_decoder:
             return [self._canvas_view(ctx, batch, iteration, noisy.to(dev), weight, t_tok.to(dev))]
-        noisy = apply_mask(ids, masked, ctx.adapter.mask_token_id)
+        noisy = apply_mask(noisy.to(dev) if cfg.edit_ratio > 0 else ids, masked, ctx.adapter.mask_token_id)
+        masked = masked | edited.to(dev)  # the edited (and kept) tokens are scored too, at their own weight
         if ctx.adapter.is_block_causal:
             input_ids, layout = block_diffusion_inputs(noisy, ids, pos)
         else:

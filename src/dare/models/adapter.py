@@ -32,7 +32,8 @@ class FamilyAdapter:
     # Extra stop tokens (e.g. <|im_end|> / <|eot_id|> of chat checkpoints).
     stop_token_ids: list[int] = field(default_factory=list)
     # "mask": corrupted positions hold ``mask_token_id``; "uniform": they hold uniform random tokens of
-    # ``[0, vocab_size)`` and the family has no mask token (``mask_token_id`` is -1).
+    # ``[0, vocab_size)`` and the family has no mask token (``mask_token_id`` is -1). ``vocab_size`` (the model's
+    # embedding rows) is also where LLaDA2.1's editing SFT draws its replacement tokens from.
     noise: Literal["mask", "uniform"] = "mask"
     vocab_size: Optional[int] = None
     # Logits are ``c * tanh(z / c)`` of the LM head's output (Gemma's final soft-capping); None = raw.

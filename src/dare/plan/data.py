@@ -111,7 +111,8 @@ class SimulatedRollout(RolloutStage):
         # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
         return dataclasses.replace(sampler, record_trajectory=False, rcr=False, editing_threshold=None)
 
-    def decode(self, prompts, seeds, model, sampler):
+    def decode(self, prompts, seeds, model, sampler, hints=None):
+        # Inpainting hints (IGPO's second round) fix tokens without changing a forward's shape: planned as plain.
         from ..collectives import gathered_for_inference
         from ..rollout import generate
         if model.adapter.is_encoder_decoder:

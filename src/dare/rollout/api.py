@@ -4,6 +4,12 @@
 every prompt together. The sampler is chosen from the model's adapter (block-causal attention -> block
 diffusion, encoder-decoder -> the uniform-noise canvas sampler, otherwise masked diffusion), never from a family
 name.
+
+Inpainting: ``hints [N * n, gen_length]`` (token ids, -1 = none) writes tokens into each sample's completion before
+decoding. The masked-diffusion and block samplers treat them as committed context, like the prompt: never eligible
+for unmasking, never re-masked (RCR) or edited (LLaDA2.1), not counted in a block's transfer budget, masked with the
+prompt in the unconditional branch of classifier-free guidance; the rollout's ``hint_mask`` says where they are.
+Without hints every decode is unchanged (bit for bit).
 """
 from __future__ import annotations
 
@@ -36,6 +42,9 @@ def check_config(model, config: SamplerConfig) -> None:
         if problem is not None:
             raise ValueError(f"compile=True needs torch.compile to build kernels on this machine (a C++ compiler and the "
                              f"Python headers); it could not: {problem}")
+    if config.any_order and adapter.attention != "bidirectional":
+        raise ValueError(f"any_order is a masked-diffusion (bidirectional) decoding; {adapter.family} is "
+                         f"{adapter.attention.replace('_', '-')}")
     if adapter.is_encoder_decoder:
         check_canvas_config(config)
         return
@@ -76,7 +85,8 @@ def steps_per_block(model, config: SamplerConfig) -> int:
 def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resuming: bool):
     if until_step is None and not resuming:
         return None
-    for name, bad in (("record_trajectory", config.record_trajectory), ("rcr", config.rcr),
+    for name, bad in (("record_trajectory", config.record_trajectory), ("record_entropy", config.record_entropy),
+                      ("rcr", config.rcr),
                       ("editing_threshold", config.editing)):
         if bad:
             raise ValueError(f"{name} cannot be combined with pausing or resuming a rollout (its per-block state "
@@ -92,7 +102,7 @@ def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resumi
 @torch.no_grad()
 def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None, generator: Optional[torch.Generator] = None,
              n: int = 1, seeds: Optional[Sequence[int]] = None, attention_mask: Optional[torch.Tensor] = None,
-             until_step: Optional[int] = None) -> Rollout:
+             until_step: Optional[int] = None, hints: Optional[torch.Tensor] = None) -> Rollout:
     """Decode ``n`` samples of every prompt (token-id lists, or a padded tensor + ``attention_mask``).
 
     Sample j of prompt i draws from its own generator seeded by (seeds[i] or a seed derived from
@@ -100,7 +110,8 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
     the batched forward does (docs/samplers.md: what is bitwise reproducible and what is not). ``until_step`` pauses
     the decode where the schedule reaches that step (block ``until_step // steps_per_block``, its step
     ``until_step % steps_per_block``; rows decode blocks in lock step, so every row pauses at the same point):
-    the rollout is partial and ``resume`` continues it.
+    the rollout is partial and ``resume`` continues it. ``hints [num_prompts * n, gen_length]``: tokens fixed in
+    each sample's completion before decoding (-1: none; see the module docstring).
     """
     config = config or SamplerConfig()
     if n < 1:
@@ -114,9 +125,30 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
     if bad:
         raise ValueError(f"prompt(s) {bad} contain the mask token id {adapter.mask_token_id}")
     num_prompts = batch.ids.shape[0]
+    if hints is not None:
+        hints = _check_hints(hints, adapter, num_prompts * n, config.gen_length, device)
     batch, prompt_index = expand_prompts(batch, n)
     gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config, adapter) else (None, None))
-    return _decode(model, config, batch, prompt_index, n, gens, sample_seeds, pause)
+    return _decode(model, config, batch, prompt_index, n, gens, sample_seeds, pause, hints=hints)
+
+
+def _check_hints(hints: torch.Tensor, adapter, rows: int, gen_length: int, device) -> torch.Tensor:
+    """The hint canvas on ``device``, with errors naming what is wrong."""
+    if adapter.is_encoder_decoder:
+        raise ValueError(f"hints (tokens fixed in the canvas) are not supported by the uniform-noise canvas sampler of "
+                         f"{adapter.family}: every pass re-draws each canvas position it does not accept by the "
+                         f"entropy bound of the whole canvas, so it has no committed positions to hold them")
+    if not isinstance(hints, torch.Tensor) or hints.dim() != 2 or tuple(hints.shape) != (rows, gen_length):
+        got = tuple(hints.shape) if isinstance(hints, torch.Tensor) else type(hints).__name__
+        raise ValueError(f"hints must be a [num_prompts * n, gen_length] = [{rows}, {gen_length}] tensor of token ids "
+                         f"(-1 = no hint), got {got}")
+    if hints.dtype.is_floating_point or hints.dtype == torch.bool:
+        raise ValueError(f"hints must hold integer token ids, got dtype {hints.dtype}")
+    hints = hints.long().to(device)
+    bad = ((hints < -1) | (hints == adapter.mask_token_id)).any(1).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"hints of row(s) {bad} hold the mask token id {adapter.mask_token_id} or an id below -1")
+    return hints
 
 
 @torch.no_grad()
@@ -159,7 +191,7 @@ def _special_ids(adapter, config: SamplerConfig, device):
 
 
 def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: int, gens, seeds, pause,
-            partial=None) -> Rollout:
+            partial=None, hints: Optional[torch.Tensor] = None) -> Rollout:
     adapter = model.adapter
     stop_ids, fill_id, pad_id = _special_ids(adapter, config, batch.ids.device)
     if adapter.is_encoder_decoder:
@@ -168,6 +200,10 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
         st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, config.record_trajectory)
     else:
         st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, config.record_trajectory)
+    if hints is not None:
+        st.place_hints(hints)
+    if config.record_entropy:
+        st.entropy_map = torch.zeros(st.x.shape, dtype=torch.float32, device=st.x.device)
     if partial is not None:
         src, row_index = partial
         cols = st.completion_cols()
@@ -178,6 +214,8 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
             st.row_nfe = src.row_nfe.to(st.x.device)[row_index].clone()
         st.finished = src.finished.to(st.x.device)[row_index].clone()
         st.start = tuple(src.paused_at)
+        if src.hint_mask is not None:  # the hints stay fixed in the continuation
+            st.hint = torch.zeros_like(st.is_prompt).scatter_(1, cols, src.hint_mask.to(st.x.device)[row_index].bool())
     st.pause = pause
     was_training = model.training
     model.eval()
@@ -208,6 +246,7 @@ def _assemble(st: DecodeState, batch: PromptBatch, prompt_index: torch.Tensor, n
         completion_ids=comp,
         completion_mask=completion_mask.long(),
         step_map=st.step_map.gather(1, cols),
+        entropy_map=st.entropy_map.gather(1, cols) if st.entropy_map is not None else None,
         nfe=st.nfe,
         prompt_index=prompt_index,
         trajectory=st.trajectory(),
@@ -218,4 +257,5 @@ def _assemble(st: DecodeState, batch: PromptBatch, prompt_index: torch.Tensor, n
         stop_token_ids=tuple(st.stop_ids.tolist()),
         paused_at=st.paused_at,
         finished=st.finished.clone() if st.paused_at is not None else None,
+        hint_mask=st.hint.gather(1, cols) if st.hint is not None else None,
     )

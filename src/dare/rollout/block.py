@@ -27,7 +27,8 @@ import torch
 from ..models import LogitsRequest
 from . import schedule as sched
 from .config import SamplerConfig
-from .selection import REMASKINGS, propose, scale_stops, select_dynamic, select_factor, select_top, suppress_stops
+from .selection import (REMASKINGS, committed_entropy, propose, scale_stops, select_dynamic, select_factor, select_top,
+                        suppress_stops)
 from .state import DecodeState, PromptBatch, cache_rows
 
 
@@ -198,7 +199,8 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: i
             sel = select_dynamic(score, eligible, cfg.threshold, k)
         else:  # static / sequential (position score) / random (uniform score)
             sel = select_top(score, eligible, k)
-        st.commit(rows, c0, torch.where(sel, x0, cur), sel, x0=x0, score=score, predicted=eligible)
+        ent = committed_entropy(logits, sel) if st.entropy_map is not None else None
+        st.commit(rows, c0, torch.where(sel, x0, cur), sel, x0=x0, score=score, predicted=eligible, entropy=ent)
         if cfg.eos_early_stop:
             st.finish_rows_with_stop(rows, final_only=True)
         i += 1
@@ -215,7 +217,7 @@ def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
     n = act.numel()
     post = torch.zeros(n, dtype=torch.long, device=st.x.device)
     done = st.finished[act].clone()
-    prompt = st.is_prompt[act, c0:c1]
+    prompt = st.fixed(act, c0, c1)  # prompt tokens and hints are never edited
     k_min = torch.full((n,), cfg.num_to_transfer, dtype=torch.long, device=st.x.device)
     limit = 4 * (c1 - c0) + cfg.max_post_steps
     it = 0

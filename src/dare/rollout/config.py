@@ -45,6 +45,10 @@ class SamplerConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     suppress_eos_confidence: bool = False
     record_trajectory: bool = False
+    # Record, for every committed token, the entropy (nats) of the model's own predictive distribution it was
+    # committed from: softmax of the step's logits at temperature 1, before top-k / top-p (``Rollout.entropy_map``;
+    # EGSPO picks its training steps by it). Masked and block samplers without re-masking or editing.
+    record_entropy: bool = False
     # --- additions (see docs/samplers.md) ---------------------------------------------------------
     # After each finished block, finish rows whose completion already holds a stop token. This never
     # changes a completion (finished blocks are final); False decodes every block like the LLaDA/Dream
@@ -73,6 +77,10 @@ class SamplerConfig:
     # ~10-30 s per shape). Fused kernels round differently, so a compiled decode is judged by its tokens, not its
     # bits; off by default.
     compile: bool = False
+    # d2-AnyOrder's decoding (dare.diffusion.anyorder; masked-diffusion models fine-tuned any-order): a masked position
+    # sees the prompt, the decoded tokens and itself -- never another mask -- and decoded tokens attend causally in
+    # decoding order. Its trajectory likelihood is then one forward (docs/algorithms/d2_anyorder.md).
+    any_order: bool = False
     # --- DiffusionGemma's canvas sampler (uniform-noise encoder-decoder models; transformers' parameter names) ----
     # Each pass accepts the k lowest-entropy positions with sum(entropy) - max(entropy) <= entropy_bound and re-noises
     # the rest with uniform random tokens; the canvas's tokens are the last pass's argmax.
@@ -155,10 +163,16 @@ class SamplerConfig:
             raise ValueError("rcr (running-confidence remasking) needs the fixed step schedule: unset threshold, factor and editing_threshold")
         if self.rcr and self.eos_early_stop:
             raise ValueError("rcr can re-mask committed tokens, so eos_early_stop cannot be used with it")
+        if self.record_entropy and (self.rcr or self.editing_threshold is not None):
+            raise ValueError("record_entropy records one entropy per committed token; rcr and editing_threshold can "
+                             "re-mask or rewrite committed tokens")
         if self.editing_threshold is not None and self.threshold is None:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs threshold (the mask-to-token threshold)")
         if self.editing_threshold is not None and (self.factor is not None or self.schedule != "even"):
             raise ValueError("editing_threshold (LLaDA2.1 token editing) uses threshold + num_to_transfer; unset factor and schedule")
+        if self.any_order and (self.cache != "none" or self.cfg_scale > 0 or self.rcr or self.editing):
+            raise ValueError("any_order decodes with its own attention mask every step: it needs cache='none', "
+                             "cfg_scale=0 and no rcr / editing_threshold (a re-masked token would leave the decoding order)")
         self._check_canvas_fields()
 
     def _check_canvas_fields(self) -> None:

@@ -22,11 +22,12 @@ from typing import Optional
 
 import torch
 
+from ..diffusion.anyorder import anyorder_inputs
 from ..models import LogitsRequest
 from . import schedule as sched
 from .config import SamplerConfig
-from .selection import (REMASKINGS, propose, ranks, scale_stops, select_dynamic, select_factor, select_sampled,
-                        select_threshold, select_top, suppress_stops, takes_packed_logits)
+from .selection import (REMASKINGS, committed_entropy, propose, ranks, scale_stops, select_dynamic, select_factor,
+                        select_sampled, select_threshold, select_top, suppress_stops, takes_packed_logits)
 from .state import DecodeState, PromptBatch, cache_rows
 
 
@@ -101,13 +102,15 @@ class MaskedForward:
         self.shift = 1 if model.adapter.shift_logits else 0
         self.all_valid = bool(st.valid.all())
         self.cache = None
+        self.any_order = cfg.any_order
 
     def _call(self, rows, f0: int, f1: int, c0: int, c1: int, keep=None, **kw) -> torch.Tensor:
         st = self.st
         ids, valid, pos = st.x[rows, f0:f1], st.valid[rows], st.pos[rows, f0:f1]
         n = ids.shape[0]
         if self.cfg_scale > 0:  # unconditional branch: prompt tokens masked, run in the same batch
-            un = ids.masked_fill(st.is_prompt[rows, f0:f1], st.mask_id)
+            # the condition is masked: the prompt, and any hints (the inpainting reference masks both)
+            un = ids.masked_fill(st.fixed(rows, f0, f1), st.mask_id)
             ids, valid, pos = torch.cat([ids, un]), torch.cat([valid, valid]), torch.cat([pos, pos])
             keep = None if keep is None else torch.cat([keep, keep])
         out = self.model(ids, attention_mask=None if self.all_valid else valid, position_ids=pos,
@@ -121,7 +124,24 @@ class MaskedForward:
         return logits
 
     def full(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
+        if self.any_order:
+            return self._any_order(rows, c0, c1, keep)
         return self._call(rows, 0, self.st.x.shape[1], c0, c1, keep)
+
+    def _any_order(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
+        """d2-AnyOrder decoding (``cfg.any_order``): one [MASK] query per block position, seeing the prompt, every
+        decoded token and itself (``dare.diffusion.anyorder``); the queries' raw logits are the predictions (a query
+        already sits at the position that predicts its column, so no shift is applied here)."""
+        st = self.st
+        P = int(st.gen_start[0])
+        steps = st.row_steps[rows]
+        cols = torch.arange(c0 - P, c1 - P, device=st.x.device).expand(rows.numel(), -1)
+        ids, pos, mask = anyorder_inputs(st.x[rows, :P], st.valid[rows, :P], st.x[rows, P:], st.step_map[rows, P:],
+                                         cols, steps[:, None].expand_as(cols), st.mask_id, self.shift)
+        W = ids.shape[1]
+        logits = self.model(ids, attention_mask=mask, position_ids=pos,
+                            request=LogitsRequest(rows=slice(W - (c1 - c0), W))).logits.float()
+        return logits[keep] if keep is not None else logits
 
     def refresh(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
         """Full forward that (re)builds the cache of every position, then keeps what the mode needs."""
@@ -246,7 +266,8 @@ def _decide(ctx: _StepContext, logits: torch.Tensor, counts: torch.Tensor, run_c
         sel = select_sampled(score, eligible, k, cfg.alg_temp, gens)
     else:
         sel = select_top(score, eligible, k)
-    st.commit(rows, c0, torch.where(sel, cand.x0, cur), sel, x0=cand.x0, score=score, predicted=eligible)
+    ent = committed_entropy(logits, sel, eligible) if st.entropy_map is not None else None
+    st.commit(rows, c0, torch.where(sel, cand.x0, cur), sel, x0=cand.x0, score=score, predicted=eligible, entropy=ent)
     return None
 
 
@@ -260,7 +281,7 @@ def _rcr_commit(ctx, cur, eligible, x0, score, counts, run_conf) -> torch.Tensor
     filled = torch.where(eligible, x0, cur)
     run = torch.where(eligible, score.double(), run_conf)
     remaining = counts[:, ctx.i + 1:].sum(1)
-    generated = ~st.is_prompt[rows, c0:c0 + BL]
+    generated = ~st.fixed(rows, c0, c0 + BL)  # prompt tokens and hints are never re-masked
     low = ranks(run.masked_fill(~generated, float("inf")), descending=False) < remaining[:, None]
     remask = generated & low
     new = filled.masked_fill(remask, st.mask_id)

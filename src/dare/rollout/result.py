@@ -38,6 +38,8 @@ class Rollout:
     nfe: int  # model forward passes (one batched call = 1)
     prompt_index: torch.Tensor  # [N] input prompt of every row (samples of a prompt are adjacent)
     trajectory: Optional[Trajectory] = None
+    # [N, G] float: entropy of the distribution each token was committed from (0: never written); ``record_entropy``
+    entropy_map: Optional[torch.Tensor] = None
     sample_index: Optional[torch.Tensor] = None  # [N] sample number within its prompt's group
     num_steps: Optional[torch.Tensor] = None  # [N] denoising steps each row took
     # [N] model forwards each row took part in (its NFE: what it costs decoded alone, whatever shared its batch)
@@ -48,6 +50,8 @@ class Rollout:
     # stopped; completions keep the mask id where nothing is committed yet; ``finished`` = rows already done.
     paused_at: Optional[tuple[int, int]] = None
     finished: Optional[torch.Tensor] = None
+    # [N, G] bool: completion positions that held a hint (``generate(hints=...)``), given, not decoded; None: no hints
+    hint_mask: Optional[torch.Tensor] = None
 
     @property
     def prompt_ids(self) -> torch.Tensor:

@@ -105,12 +105,16 @@ class DecodeState:
     row_nfe: torch.Tensor = None
     finished: torch.Tensor = None  # [N] bool
     nfe: int = 0
+    entropy_map: Optional[torch.Tensor] = None  # [N, W] float32 when the sampler records entropies (``record_entropy``)
     _traj: list = field(default_factory=list)
     # Pause / resume (``generate(until_step=...)``, ``resume``): schedule points (block counted from the first
     # generated block, step within the block). Decoding starts at ``start`` and stops before ``pause``.
     start: tuple = (0, 0)
     pause: Optional[tuple] = None
     paused_at: Optional[tuple] = None
+    # Inpainting hints (``generate(hints=...)``): [N, W] bool, True where a completion column holds a token given
+    # before decoding. Hints are committed context like the prompt: never eligible, never re-masked or edited.
+    hint: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         N, W = self.x.shape
@@ -140,6 +144,18 @@ class DecodeState:
         self.paused_at = (block, step)
         return True
 
+    def fixed(self, rows: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
+        """Bool ``[len(rows), c1 - c0]``: columns no decoding step may change (prompt tokens and hints)."""
+        out = self.is_prompt[rows, c0:c1]
+        return out if self.hint is None else out | self.hint[rows, c0:c1]
+
+    def place_hints(self, hints: torch.Tensor) -> None:
+        """Write ``hints [N, gen_length]`` (token ids, -1 = none) into the completion columns before decoding."""
+        cols = self.completion_cols()
+        given = hints >= 0
+        self.x.scatter_(1, cols, torch.where(given, hints, self.x.gather(1, cols)))
+        self.hint = torch.zeros_like(self.is_prompt).scatter_(1, cols, given)
+
     def block_start_masks(self, rows: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
         """Masked positions of block [c0, c1) when it started: those still masked plus those written since (a
         resumed block has already committed some)."""
@@ -159,11 +175,15 @@ class DecodeState:
     # --- writes -----------------------------------------------------------------------------------
     def commit(self, rows: torch.Tensor, c0: int, new_block: torch.Tensor, written: torch.Tensor,
                x0: Optional[torch.Tensor] = None, score: Optional[torch.Tensor] = None,
-               predicted: Optional[torch.Tensor] = None) -> None:
+               predicted: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None) -> None:
         """Write block ``[c0, c0+L)`` of ``rows``: ``new_block`` is the block after this step, ``written``
         the positions that received a token (their step_map entry becomes the row's current step).
-        ``x0``/``score``/``predicted`` describe the step's predictions for the trajectory."""
+        ``x0``/``score``/``predicted`` describe the step's predictions for the trajectory; ``entropy [n, L]`` the
+        predictive entropies of the written positions (kept in ``entropy_map`` when it is recorded)."""
         L = new_block.shape[1]
+        if self.entropy_map is not None and entropy is not None:
+            em = self.entropy_map[rows, c0:c0 + L]
+            self.entropy_map[rows, c0:c0 + L] = torch.where(written, entropy.to(em.dtype), em)
         if self.record:
             self._record(rows, c0, x0, score, predicted)
         self.x[rows, c0:c0 + L] = new_block

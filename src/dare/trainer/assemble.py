@@ -59,7 +59,7 @@ def assemble(recipe, env, algo, model: torch.nn.Module, placement: Optional[Plac
         model.gradient_checkpointing_enable()
     placement.place(model)
     reference = None
-    if algo.needs_reference:  # copied before sharding, then sharded the same way
+    if algo.needs_reference or algo.frozen_model == "reference":  # copied before sharding, then sharded the same way
         reference = build_reference(recipe.reference.mode, model, recipe.lora.enabled)
     sync_every = algo.reference_sync[0]
     if sync_every and reference is not None and not isinstance(reference, CopyReference):

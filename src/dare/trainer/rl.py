@@ -154,8 +154,9 @@ def _merge(parts: list, pad_id: int):
     return dataclasses.replace(
         parts[0], sequences=torch.cat(seqs), attention_mask=torch.cat(masks), prompt_length=P,
         completion_ids=cat("completion_ids"), completion_mask=cat("completion_mask"), step_map=cat("step_map"),
+        entropy_map=cat("entropy_map"),
         nfe=sum(r.nfe for r in parts), prompt_index=torch.cat([r.prompt_index + o for r, o in zip(parts, offsets)]),
-        trajectory=traj, sample_index=cat("sample_index"), num_steps=cat("num_steps"),
+        trajectory=traj, sample_index=cat("sample_index"), num_steps=cat("num_steps"), hint_mask=cat("hint_mask"),
         seeds=sum((r.seeds or [] for r in parts), []) or None)
 
 
@@ -212,22 +213,30 @@ class RolloutStage:
         return Services(tokenizer=tokenizer, rollout_sampler=self.recipe.rollout.sampler, score_ids=self.score_ids,
                         score_completions=self.score_completion_ids)
 
-    def decode(self, prompts: Batch, seeds: list[int], model, sampler):
+    def decode(self, prompts: Batch, seeds: list[int], model, sampler, hints: Optional[torch.Tensor] = None):
         """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``.
 
         The ranks of a sequence-parallel group share their prompts: each decodes a contiguous 1/N of them and the
         group exchanges the rollouts, so every rank holds the whole batch (decoding is not sequence-parallel, and
-        would otherwise be repeated N times)."""
+        would otherwise be repeated N times). ``hints [prompts x group_size, gen_length]``: inpainting hints of every
+        sample (``dare.rollout.generate``). With no prompts it still joins the collectives (FSDP's weight gathering)
+        and returns None, so a rank with nothing to decode never leaves the others waiting."""
         from ..rollout import generate
         from ..collectives import gathered_for_inference
         sp = self.env.sequence_group()
         start, stop = rollout_share(len(seeds), sp)
         chunk = self.recipe.rollout.micro_batch_size or max(stop - start, 1)
+        G = self.group
+
+        def rows(s):
+            return None if hints is None else hints[s * G:min(s + chunk, stop) * G]
         with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
-            parts = [generate(model, prompts["prompt_tokens"][s:min(s + chunk, stop)], sampler, n=self.group,
-                              seeds=seeds[s:min(s + chunk, stop)]) for s in range(start, stop, chunk)]
+            parts = [generate(model, prompts["prompt_tokens"][s:min(s + chunk, stop)], sampler, n=G,
+                              seeds=seeds[s:min(s + chunk, stop)], hints=rows(s)) for s in range(start, stop, chunk)]
         if sp is not None:
             parts = _gathered_in_group(parts, sp, self.env.device)
+        if not parts:
+            return None
         return _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
 
     def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[RLBatch, dict]:
@@ -250,6 +259,7 @@ class RolloutStage:
         batch = RLBatch(uid=(group * self.group + sample).long(), group=group, prompt_ids=ro.prompt_ids,
                         prompt_mask=ro.prompt_mask.bool(), completion_ids=ro.completion_ids,
                         completion_mask=ro.completion_mask.bool(), rewards=rewards.to(dev), step_map=ro.step_map,
+                        entropy_map=ro.entropy_map,
                         trajectory=ro.trajectory, examples=examples, completions=texts,
                         stop_token_ids=ro.stop_token_ids, nfe=ro.nfe)
         return batch, self.metrics(rewards, ro.completion_mask, ro.nfe, t1 - t0, t2 - t1)

@@ -187,6 +187,11 @@ class ReplayAlgorithm(GRPOAlgorithm):
         Lc = cm.shape[1]
         return torch.arange(Lc, device=cm.device)[None] < (cm.long().sum(1, keepdim=True) + post)
 
+    def replay_steps(self, ctx: StepContext, batch: RLBatch) -> torch.Tensor:
+        """``[B, Lc]`` the time of every token that the replay groups (-1: never written): the rollout's step map;
+        d2-StepMerge maps it to its trajectory segments."""
+        return batch.step_map
+
     def block_ids(self, ctx: StepContext, batch: RLBatch) -> Optional[torch.Tensor]:
         return completion_block_ids(batch, ctx.adapter.block_size) if ctx.adapter.is_block_causal else None
 
@@ -195,9 +200,10 @@ class ReplayAlgorithm(GRPOAlgorithm):
         if batch.step_map is None:
             raise ValueError(f"algorithm {self.name!r} replays the rollout's step_map, but the batch has none "
                              f"(the rollout engine records it for every sampler)")
-        step_map = batch.step_map
-        if step_map.shape != batch.completion_ids.shape:
-            raise ValueError(f"step_map has shape {tuple(step_map.shape)}, completion_ids {tuple(batch.completion_ids.shape)}")
+        if batch.step_map.shape != batch.completion_ids.shape:
+            raise ValueError(f"step_map has shape {tuple(batch.step_map.shape)}, completion_ids "
+                             f"{tuple(batch.completion_ids.shape)}")
+        step_map = self.replay_steps(ctx, batch)
         plan = plan_replay(step_map, self.eligible(batch), self.config.shrink, self.block_ids(ctx, batch))
         rounds, transitions = agree_max([plan.num_rounds, plan.num_transitions], step_map.device)
         if rounds > plan.num_rounds:  # another rank has more rounds: pad with empty views
@@ -207,13 +213,19 @@ class ReplayAlgorithm(GRPOAlgorithm):
         plan.transitions = transitions
         return plan
 
+    def replay_prompt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> Optional[torch.Tensor]:
+        """The prompt every view of ``iteration`` conditions on: None = the clean prompt (d2-StepMerge masks it like
+        d1)."""
+        return None
+
     def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         plan, comp, mask_id = batch.state, batch.completion_ids, ctx.adapter.mask_token_id
+        prompt = self.replay_prompt(ctx, batch, iteration)
         views = []
         for r in range(plan.num_rounds):
             state = torch.where(plan.masked(r), torch.full_like(comp, mask_id), comp)
             # Block models: the one-pass [x_t ; x_0] layout (noisy block b sees clean blocks < b and itself).
-            views.append(completion_view(ctx, batch, state, plan.round == r))
+            views.append(completion_view(ctx, batch, state, plan.round == r, prompt_input=prompt))
         return views
 
     # --- advantages -----------------------------------------------------------------------------------

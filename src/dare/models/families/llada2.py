@@ -69,7 +69,8 @@ class LLaDA2(FamilySpec):
             stops = [eos] if eos is not None else []
         return FamilyAdapter(self.name, mask_token_id, eos, cfg.get("pad_token_id"), cfg.get("bos_token_id"),
                              shift_logits=False, attention="block_causal",
-                             block_size=cfg.get("block_size") or self.default_block_size, stop_token_ids=stops)
+                             block_size=cfg.get("block_size") or self.default_block_size, stop_token_ids=stops,
+                             vocab_size=cfg.get("vocab_size"))
 
     def tiny_config(self):
         return {

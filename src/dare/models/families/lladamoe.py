@@ -47,7 +47,8 @@ class LLaDAMoE(FamilySpec):
     def adapter(self, cfg, mask_token_id):
         eos, stops = eos_ids(cfg)
         return FamilyAdapter(self.name, mask_token_id, eos, cfg.get("pad_token_id"), cfg.get("bos_token_id"),
-                             shift_logits=False, attention="bidirectional", stop_token_ids=stops)
+                             shift_logits=False, attention="bidirectional", stop_token_ids=stops,
+                             vocab_size=cfg.get("vocab_size"))
 
     def tiny_config(self):
         return {
