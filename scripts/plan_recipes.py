@@ -56,12 +56,17 @@ def shape_key(recipe) -> str:
     for k in ("rdzv_endpoint", "rdzv_id"):  # where the nodes meet, not what they run
         d["distributed"].pop(k, None)
     # Settings added after the cached plans were keyed, left out at their defaults (so adding a setting does not
-    # unplan every recipe): the node layout, SFT's editing stream.
-    for section, k, default in (("distributed", "nnodes", 1), ("distributed", "sharding", "full"),
-                                ("distributed", "sequence_parallel", 1), ("algorithm", "edit_ratio", 0.0),
-                                ("algorithm", "edit_weight", 1.0), ("algorithm", "keep_weight", 0.0)):
-        if section in d and d[section].get(k, default) == default:
-            d[section].pop(k, None)
+    # unplan every recipe): the node layout, SFT's editing stream, the sampler's any-order and entropy records.
+    for path, default in ((("distributed", "nnodes"), 1), (("distributed", "sharding"), "full"),
+                          (("distributed", "sequence_parallel"), 1), (("algorithm", "edit_ratio"), 0.0),
+                          (("algorithm", "edit_weight"), 1.0), (("algorithm", "keep_weight"), 0.0),
+                          (("rollout", "sampler", "any_order"), False),
+                          (("rollout", "sampler", "record_entropy"), False)):
+        section = d
+        for k in path[:-1]:
+            section = section.get(k) if isinstance(section, dict) else None
+        if isinstance(section, dict) and section.get(path[-1], default) == default:
+            section.pop(path[-1], None)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
