@@ -8,7 +8,7 @@ import pytest
 
 import dare
 from dare.rewards import SandboxLimits, available_isolations, detect_isolation, get_reward
-from dare.rewards.sandbox import _UID_BASE, _UID_SLOTS
+from dare.rewards.sandbox_uids import _UID_BASE, _UID_SLOTS
 
 HUMANEVAL = Path(dare.__file__).parent / "assets" / "data" / "human-eval" / "HumanEval.jsonl.gz"
 IS_ROOT = os.geteuid() == 0

@@ -21,7 +21,7 @@ import pytest
 from dare.rewards import (
     SandboxLimits, build_program, detect_isolation, extract_code, run_code, run_python, set_code_limits,
 )
-from dare.rewards.sandbox import _UID_BASE, _UID_SLOTS
+from dare.rewards.sandbox_uids import _UID_BASE, _UID_SLOTS
 
 from tests.rewards.sandbox_battery import (
     ESCAPED, HOSTILE_LIMITS, HUMANEVAL, IS_ROOT, MODES, assert_nothing_left, assert_sandbox_still_works, code, example,
