@@ -77,7 +77,7 @@ def _model(family: str, quick: bool):
 # ----------------------------------------------------------------------------------------------------------
 def _rl_batch(model, B: int, prompt_lens, Lc: int, seed: int):
     """Completions of B rows; half of them stop early and (block_stop) are never decoded after their stop."""
-    from dare.algorithms import Batch
+    from dare.algorithms.batch import RLBatch
     g = torch.Generator().manual_seed(seed)
     eos = model.adapter.eos_token_id
     P = max(prompt_lens)
@@ -99,7 +99,7 @@ def _rl_batch(model, B: int, prompt_lens, Lc: int, seed: int):
         if hit.numel():
             cmask[i, int(hit[0]) + 1:] = False
     rewards = torch.rand(B, generator=g)
-    return Batch(uid=torch.arange(B), group=torch.arange(B) // 4, prompt_ids=prompt, prompt_mask=pmask,
+    return RLBatch(uid=torch.arange(B), group=torch.arange(B) // 4, prompt_ids=prompt, prompt_mask=pmask,
                  completion_ids=comp, completion_mask=cmask, step_map=step_map, rewards=rewards)
 
 
@@ -107,7 +107,7 @@ def naive_ar_logp(model, batch, temperature: float = 1.0, grad: bool = False):
     """The reference construction: for every position t one forward of all rows; returns (logp [B, Lc], loss-ready)."""
     from dare.diffusion.logprob import score_targets
     from dare.models import masks
-    comp, prompt, pmask = batch["completion_ids"], batch["prompt_ids"], batch["prompt_mask"]
+    comp, prompt, pmask = batch.completion_ids, batch.prompt_ids, batch.prompt_mask
     B, Lc = comp.shape
     P = prompt.shape[1]
     mask_id = model.adapter.mask_token_id
@@ -145,12 +145,12 @@ def bench_justgrpo(family: str, quick: bool, reps: int) -> dict:
     batch = _rl_batch(model, B, (24, 40), Lc, seed=0)
     algo = build_algorithm(JustGRPOConfig(tokens_per_forward=8192))
     ctx = StepContext(step=0, seed=0, adapter=model.adapter)
-    batch["advantages"] = algo.advantages(ctx, batch)
+    batch.advantages = algo.advantages(ctx, batch)
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
-    views = batch["views"][0]
+    views = batch.views[0]
     counter = Counter(model)
-    res = {"family": family, "rows": B, "gen_length": Lc, "scored": int(batch["ar_targets"].sum())}
+    res = {"family": family, "rows": B, "gen_length": Lc, "scored": int(batch.state.targets.sum())}
 
     def ours_score():
         with torch.no_grad():
@@ -172,7 +172,7 @@ def bench_justgrpo(family: str, quick: bool, reps: int) -> dict:
         counter.reset()
         value = fn()
         res[name] = {**counter.snapshot(), "value": value}
-    tgt = batch["ar_targets"]
+    tgt = batch.state.targets
     res["max_abs_diff"] = float((res["naive"].pop("value") - res["dare"].pop("value"))[tgt].abs().max())
     for key, fns in (("score_s", {"naive": naive_score, "dare": ours_score}),
                      ("update_s", {"naive": naive_update, "dare": ours_update})):

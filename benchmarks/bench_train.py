@@ -175,7 +175,7 @@ def bench_vrpo(quick: bool) -> dict:
             ctx = StepContext(step=k, seed=0, adapter=model.adapter)
             stages.prepare(algo, ctx, batch, model, ref)
             with torch.no_grad():
-                cur = algo.log_likelihood(ctx, model, batch, batch["views"][0])
+                cur = algo.log_likelihood(ctx, model, batch, batch.views[0])
             margins.append(algo.margin(batch, cur.value, 0))
         m = torch.stack(margins)  # [draws, pairs]
         out[name] = {"std_over_draws": float(m.std(0).mean()), "mean": float(m.mean()), "forwards_per_pair": 2 * cfg.mc_samples * (2 if not cfg.antithetic else 1)}
