@@ -136,8 +136,8 @@ def paper_section(recipes: list[str], keys: dict, plans: dict) -> str:
                      f"{min(hours):.0f} - {max(hours):.0f} |")
     missing = [rel for rels in folders.values() for rel in rels if keys[rel] not in plans]
     if missing:
-        lines += ["", f"Not planned yet ({len(missing)}): run `python scripts/plan_recipes.py` (LLaDA2.0-mini's 20 MoE "
-                      "layers of 256 experts took about 37 CPU minutes for coupled_grpo_math)."]
+        lines += ["", f"Not planned yet ({len(missing)}): run `python scripts/plan_recipes.py` (one to a few "
+                      "CPU minutes per planned step; it resumes where it stopped)."]
     return "\n".join(lines) + "\n"
 
 
