@@ -43,6 +43,10 @@ CONFIGS = [  # (label, recipe, overrides, processes)
     ("LLaDA RL (Coupled-GRPO), checkpointing", "recipes/rl/coupled_grpo.yaml", ["model.gradient_checkpointing=true"], 2),
     ("SDAR RL (TraceRL + value model)", "recipes/rl/tracerl_with_value.yaml", [], 2),
     ("LLaDA2-MoE RL (d1), LoRA", "recipes/d1_tiny.yaml", ["model.path=tiny:llada2_moe", "lora.enabled=true"], 2),
+    ("DiffusionGemma SFT, checkpointing", "recipes/diffusion_gemma/sft_tiny.yaml",
+     ["model.tiny_sizes.hidden_size=256", "model.gradient_checkpointing=true", "train.micro_batch_size=2",
+      "train.batch_size=8"], 2),
+    ("DiffusionGemma RL (canvas sampler, d1)", "recipes/diffusion_gemma/rl_tiny.yaml", [], 2),
 ]
 
 

@@ -70,6 +70,24 @@ def _bool_indices_as_long(func, args):
     return (args[0], out, *args[2:])
 
 
+_GROUPED_MM = getattr(aten, "_grouped_mm", None)
+_GROUPED_MM = _GROUPED_MM.default if _GROUPED_MM is not None else None
+
+
+def _grouped_mm_output(a, b, offs=None, bias=None, out_dtype=None):
+    """``torch._grouped_mm``'s output in fp32 / fp64: the CPU kernel takes them (transformers' MoE experts call it
+    there), its fake-tensor rule only bf16. The same output shapes as that rule."""
+    if a.dim() == 2 and b.dim() == 2:
+        size = (offs.shape[0], a.shape[0], b.shape[1])
+    elif a.dim() == 2:
+        size = (a.shape[0], b.shape[-1])
+    elif b.dim() == 2:
+        size = (a.shape[1], b.shape[1])
+    else:
+        size = (a.shape[0], a.shape[1], b.shape[-1])
+    return torch.empty(size, dtype=out_dtype or a.dtype, device=a.device)
+
+
 class _RealData(TorchDispatchMode):
     def __init__(self, sim: "Simulation"):
         super().__init__()
@@ -92,6 +110,8 @@ class _RealData(TorchDispatchMode):
             dtype = args[0].dtype
             self.sim.assume(f"scalar read from a fake tensor ({dtype}) taken as {'True' if dtype == torch.bool else 1}")
             return True if dtype == torch.bool else (1 if not dtype.is_floating_point else 1.0)
+        if fake and func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
+            return _grouped_mm_output(*args, **kwargs)
         if fake and func is aten.nonzero.default:
             x = args[0]
             self.sim.assume("nonzero of a fake tensor: every element selected")
