@@ -7,7 +7,6 @@ table); an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -236,8 +235,3 @@ def _run_models(cfg, out: Path, names: list, quiet: bool = False):
         print((out / "results.md").read_text())
     log.info("wrote %s and %s", out / "results.md", out / "results.json")
     return all_results
-
-
-def results_summary(path) -> list[dict]:
-    """Read a combined results.json back (for scripts)."""
-    return json.loads(Path(path).read_text())

@@ -5,7 +5,7 @@ namespace that owns fresh mount, pid, IPC, network and UTS namespaces. ``enter_v
 prepended to ``sandbox_child.py``'s source, standard library only) then
 
 1. mounts an empty tmpfs as the new root and bind-mounts into it, read-only, exactly the paths the parent listed (the
-   interpreter, the standard library, the shared libraries it maps, the loader's cache; see ``sandbox_view``),
+   interpreter, the standard library, the shared libraries it maps, the loader's cache; see ``sandbox_host``),
    recreating the symlinks that lead to them and masking ``site-packages`` with empty read-only tmpfs;
 2. adds ``/dev/{null,zero,full,random,urandom}``, a fresh ``/proc`` of the sandbox's pid namespace (none when the
    kernel refuses one), the program (read-only ``/program.py``) and the only writable places: a size-capped tmpfs
@@ -95,7 +95,7 @@ def _tmpfs(libc, target, size, mode, read_only=False):
 
 def enter_view(view):
     """Build the view described by ``view`` (``{"root", "entries", "scratch_bytes", "program"}``, from
-    ``sandbox_view.unshare_spec``) and move this process into it for good. Raises OSError when the kernel refuses a
+    ``sandbox_host.unshare_spec``) and move this process into it for good. Raises OSError when the kernel refuses a
     step: the sandbox then fails to start, it never runs the program with the host's view."""
     libc = _Libc()
     root = view["root"]

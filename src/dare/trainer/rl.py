@@ -127,37 +127,60 @@ def _pad_left(t: torch.Tensor, width: int, value) -> torch.Tensor:
     return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
 
 
+def _pad_steps(t: torch.Tensor, steps: int) -> torch.Tensor:
+    """A trajectory field ``[N, S(, G)]`` padded to ``steps`` along S (``[N]`` fields pass unchanged)."""
+    if t.dim() == 1:
+        return t
+    pad = (0, 0, 0, steps - t.shape[1]) if t.dim() == 3 else (0, steps - t.shape[1])
+    return torch.nn.functional.pad(t, pad)
+
+
+# Rollout fields that are not "one row per sample, concatenated": how each merges. Every other field must be a
+# per-row tensor (or None in every part); a field of another kind is an error here, never chunk 0's value.
+_SHARED_FIELDS = ("stop_token_ids", "paused_at")  # equal in every part of one step
+
+
 def _merge(parts: list, pad_id: int):
-    """Concatenate rollouts of several generate() calls (prompts re-padded to a common width)."""
+    """Concatenate rollouts of several generate() calls (prompts re-padded to a common width). Generic over the
+    fields of ``Rollout``: per-row tensors are concatenated, so a field added to it is merged without a change here."""
     if len(parts) == 1:
         return parts[0]
     import dataclasses
     P = max(r.prompt_length for r in parts)
-    seqs, masks = [], []
-    for r in parts:
-        seqs.append(torch.cat([_pad_left(r.prompt_ids, P, pad_id), r.completion_ids], 1))
-        masks.append(torch.cat([_pad_left(r.prompt_mask, P, 0), r.attention_mask[:, r.prompt_length:]], 1))
+    merged = {
+        "sequences": torch.cat([torch.cat([_pad_left(r.prompt_ids, P, pad_id), r.completion_ids], 1) for r in parts]),
+        "attention_mask": torch.cat([torch.cat([_pad_left(r.prompt_mask, P, 0), r.attention_mask[:, r.prompt_length:]],
+                                               1) for r in parts]),
+        "prompt_length": P,
+        "nfe": sum(r.nfe for r in parts),
+        "seeds": sum((r.seeds or [] for r in parts), []) or None,
+    }
     offsets, off = [], 0
     for r in parts:
         offsets.append(off)
         off += int(r.prompt_index.max()) + 1
-    traj = None
+    merged["prompt_index"] = torch.cat([r.prompt_index + o for r, o in zip(parts, offsets)])
+    merged["trajectory"] = None
     if parts[0].trajectory is not None:
         S = max(r.trajectory.states.shape[1] for r in parts)
-
-        def pad_s(t):
-            return torch.nn.functional.pad(t, (0, 0, 0, S - t.shape[1])) if t.dim() == 3 else torch.nn.functional.pad(t, (0, S - t.shape[1]))
-        fields = {f.name: torch.cat([pad_s(getattr(r.trajectory, f.name)) if getattr(r.trajectory, f.name).dim() > 1
-                                     else getattr(r.trajectory, f.name) for r in parts]) for f in dataclasses.fields(parts[0].trajectory)}
-        traj = type(parts[0].trajectory)(**fields)
-    cat = lambda name: torch.cat([getattr(r, name) for r in parts]) if getattr(parts[0], name) is not None else None
-    return dataclasses.replace(
-        parts[0], sequences=torch.cat(seqs), attention_mask=torch.cat(masks), prompt_length=P,
-        completion_ids=cat("completion_ids"), completion_mask=cat("completion_mask"), step_map=cat("step_map"),
-        entropy_map=cat("entropy_map"),
-        nfe=sum(r.nfe for r in parts), prompt_index=torch.cat([r.prompt_index + o for r, o in zip(parts, offsets)]),
-        trajectory=traj, sample_index=cat("sample_index"), num_steps=cat("num_steps"), hint_mask=cat("hint_mask"),
-        seeds=sum((r.seeds or [] for r in parts), []) or None)
+        merged["trajectory"] = type(parts[0].trajectory)(**{
+            f.name: torch.cat([_pad_steps(getattr(r.trajectory, f.name), S) for r in parts])
+            for f in dataclasses.fields(parts[0].trajectory)})
+    for f in dataclasses.fields(parts[0]):
+        if f.name in merged:
+            continue
+        values = [getattr(r, f.name) for r in parts]
+        if f.name in _SHARED_FIELDS:
+            if any(v != values[0] for v in values[1:]):
+                raise ValueError(f"rollout chunks disagree on {f.name}: {values}")
+            merged[f.name] = values[0]
+        elif all(v is None for v in values):
+            merged[f.name] = None
+        elif all(isinstance(v, torch.Tensor) for v in values):
+            merged[f.name] = torch.cat(values)
+        else:
+            raise TypeError(f"cannot merge Rollout.{f.name} across rollout chunks: give it a rule in trainer/rl.py")
+    return dataclasses.replace(parts[0], **merged)
 
 
 class RolloutStage:
