@@ -18,7 +18,9 @@ import torch
 
 from dare.algorithms import Advantages, LogLik, RLBatch, StepContext, build_algorithm, get_algorithm
 from tests.algorithms.helpers import corrupt
-from tests.algorithms.parity_io import TableModel, case_paths, completion_hidden, embed_logp, load_case, stub_adapter
+from tests.algorithms.parity_io import (
+    CASE_DIR, TableModel, case_paths, completion_hidden, embed_logp, load_case, stub_adapter,
+)
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 RUNNERS = {}
@@ -404,6 +406,23 @@ def test_loss_and_gradient_match_the_reference(path, monkeypatch, request):
     for name, value in leaves.items():
         assert value.grad is not None, f"dare's loss does not depend on {name}"
         torch.testing.assert_close(value.grad.double(), expected["grad"][name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_pure_token_loss_alone_matches_d1s_reference():
+    """The loss math without any hook: ``losses.token_policy_loss`` on the d1 case's tensors (the step's token count
+    as the normaliser, d1's clip and KL) is the authors' loss and gradient, so a method's ``loss`` only adapts."""
+    from dare.algorithms.losses import token_policy_loss
+    case = load_case(CASE_DIR / "d1.pt")
+    x, cfg = case["inputs"], case["config"]
+    mask = x["completion_mask"].float()
+    logp = leaf(x, "logp")
+    loss, _ = token_policy_loss(logp, x["old_logp"], x["advantages"], mask,
+                                norms={"tokens": float(mask.sum()), "seqs": float(mask.shape[0])},
+                                clip_low=cfg["clip_low"], clip_high=cfg["clip_high"], ref_logp=x["ref_logp"],
+                                beta=cfg["beta"], kl_estimator=cfg["kl_estimator"], aggregation=cfg["aggregation"])
+    loss.backward()
+    torch.testing.assert_close(loss.detach().double(), case["expected"]["loss"], **TOL)
+    torch.testing.assert_close(logp.grad.double(), case["expected"]["grad"]["logp"], **TOL)
 
 
 # ----------------------------------------------------------------------------------------------------------
