@@ -51,6 +51,24 @@ def test_files_are_exactly_the_generated_grid():
     assert {p for p in RECIPES} == set(MPR.render_all())
 
 
+def test_the_docs_grid_table_counts_the_files():
+    """docs/paper_recipes.md's grid table (hand-kept prose) names the grid's current files and algorithms per model."""
+    doc = (ROOT / "docs" / "paper_recipes.md").read_text()
+    assert f"`recipes/paper/<model>/<algorithm>_<task>.yaml`, {len(RECIPES)} files:" in doc
+    grid = doc[doc.index("## The grid"):doc.index("Tasks: `math`")]
+    above = None
+    for line in grid.splitlines():
+        folder = line.split("`")[1] if line.startswith("| `") else None
+        if folder not in MODEL_OF:
+            continue
+        files = [p for p in RECIPES if p.parent.name == folder]
+        assert line.rstrip(" |").endswith(f"| {len(files)}"), line
+        names = ", ".join(sorted({_cell(p)[1] for p in files}))
+        listed = line.split("|")[4].strip()
+        assert listed == names or (listed == f"the same {names.count(',') + 1}" and names == above), (folder, listed)
+        above = names
+
+
 def test_grid_is_every_rl_algorithm_supporting_each_model():
     attn = family_attention()
     assert {m.folder for m in MPR.MODELS} == {"llada_8b_instruct", "dream_7b_instruct", "sdar_8b_chat", "llada2_mini"}
