@@ -7,6 +7,7 @@ and OpenCompass's predictions, its summary table and its scorer are checked agai
 """
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -32,9 +33,26 @@ print(json.dumps(Gsm8kEvaluator().score(preds, [r["ground_truth"] for r in rows]
 """
 
 
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _unpinned() -> list[str]:
+    """Packages of .venv-oc (but torch, dare and the installers) at a version the constraints file does not pin: the
+    install would not resolve the same way next time."""
+    pins = {_normal(n): v for n, v in (line.split("==") for line in
+            (ROOT / "scripts" / "opencompass-constraints.txt").read_text().splitlines() if "==" in line)}
+    freeze = subprocess.run([str(OC_PY), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                            check=True).stdout.split()
+    installed = dict(line.split("==") for line in freeze if "==" in line)
+    return sorted(f"{n}=={v}" for n, v in installed.items()
+                  if _normal(n) not in {"torch", "dare", "pip", "setuptools", "wheel"} and pins.get(_normal(n)) != v)
+
+
 @pytest.mark.slow
 def test_opencompass_gsm8k_matches_dare_eval(tmp_path):
     subprocess.run(["bash", str(ROOT / "scripts" / "setup_opencompass.sh")], check=True, cwd=ROOT)
+    assert _unpinned() == [], "installed in .venv-oc but not pinned by scripts/opencompass-constraints.txt"
     ckpt = str(get_checkpoint("lazy-sudoku-llada-sft").path)
     data = tmp_path / "gsm8k"
     data.mkdir()
