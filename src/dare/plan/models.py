@@ -72,3 +72,20 @@ def meta_model(model_cfg):
     model = model.to(dtype)
     model.name_or_path = model_cfg.path
     return model, source
+
+
+def empty_in_place(module) -> None:
+    """Every parameter and buffer of an unsharded ``module`` replaced by an empty (fake, under the simulation's mode)
+    CPU tensor of its shape, a tensor shared by several modules (tied weights) by one shared replacement. Not
+    ``to_empty``: it swaps each parameter in place, and a parameter the fake mode has converted carries a weakref that
+    refuses the swap (DiffusionGemma's scaled word embedding did: a one-process plan stopped there)."""
+    made = {}
+    for sub in module.modules():
+        for table, wrap in ((sub._parameters, True), (sub._buffers, False)):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    empty = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+                    made[id(t)] = (torch.nn.Parameter(empty, requires_grad=t.requires_grad) if wrap else empty, t)
+                table[name] = made[id(t)][0]

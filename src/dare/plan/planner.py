@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from .gpus import GIB, get_gpu
+from .models import empty_in_place
 
 PHASES = ("rollout", "score", "update")
 
@@ -371,9 +372,12 @@ def _fake_placement(sim):
 
     def materialize(module, sharded: bool) -> None:
         with sim.fake:
-            module.to_empty(device="cpu")
-            if not sharded and hasattr(module, "fuse_projections"):
-                module.fuse_projections()  # as load_model does: q/k/v share one buffer outside FSDP
+            if sharded:
+                module.to_empty(device="cpu")  # FSDP2 materialises its sharded parameters itself
+            else:
+                empty_in_place(module)
+                if hasattr(module, "fuse_projections"):
+                    module.fuse_projections()  # as load_model does: q/k/v share one buffer outside FSDP
     return Placement(place=lambda module: module, materialize=materialize)
 
 
