@@ -66,7 +66,7 @@ def main() -> int:
     from dare.plan.planner import PlanOptions, plan_recipe
     from dare.plan.validate import measure
     torch.set_num_threads(1)
-    rows, worst = [], 0.0
+    rows, worst, worst_sp = [], 0.0, 0.0
     t0 = time.strftime("%Y-%m-%d %H:%M")
     for label, recipe, overrides, nproc in CONFIGS:
         planned = plan_recipe(load_recipe(ROOT / recipe, overrides), PlanOptions(gpus=nproc, target="cpu"))
@@ -81,7 +81,10 @@ def main() -> int:
         for ph in planned.phases:
             r = real_peaks.get(ph.name, 0)
             dev = (ph.peak_bytes - r) / r if r else float("inf")
-            worst = max(worst, abs(dev))
+            if "sequence parallel" in label:
+                worst_sp = max(worst_sp, abs(dev))
+            else:
+                worst = max(worst, abs(dev))
             rss = real["rss_growth_bytes"]
             rows.append(f"| {label} | {nproc} | {ph.name} | {mib(ph.peak_bytes)} | {mib(r)} | {dev:+.2%} | "
                         f"{mib(rss)} ({rss / max(real['peak_bytes'], 1):.1f}x the measured peak) |")
@@ -94,13 +97,15 @@ def main() -> int:
             "(LLaDA / SDAR: hidden 256, 4 layers); see the script for every override.\n\n"
             "| configuration | processes | phase | planned peak MiB | measured peak MiB | plan - measured | "
             "process RSS growth MiB (sanity check) |\n|---|---:|---|---:|---:|---:|---|\n" + "\n".join(rows) +
-            f"\n\nLargest deviation: {worst:.2%} (goal: within 5 %).\n\n"
+            f"\n\nLargest deviation: {worst:.2%} (goal: within 5 %); on the sequence-parallel rows {worst_sp:.2%} "
+            "(their scoring phase: the real run's FSDP all-gathers and the group's all-to-alls overlap differently from "
+            "run to run, docs/plan.md).\n\n"
             "The resident-memory column is a sanity check only: for these tiny models the step's tensors are a few MiB "
             "to tens of MiB while the process also grows by the libraries and code paths the first step loads and by "
             "the allocator's caches, so the growth is larger than the peak; it never is smaller, which would mean the "
             "tracker misses an allocation.\n")
     (ROOT / "benchmarks" / "plan.md").write_text(text)
-    print(f"largest deviation {worst:.2%}; wrote benchmarks/plan.md")
+    print(f"largest deviation {worst:.2%} ({worst_sp:.2%} with sequence parallelism); wrote benchmarks/plan.md")
     return 0
 
 
