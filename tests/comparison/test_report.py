@@ -65,3 +65,54 @@ def test_a_file_that_is_no_report_is_an_error_naming_it(tmp_path):
     bad.write_text(json.dumps({"llada": {}}))
     with pytest.raises(ValueError, match="x.json"):
         load_data(bad)
+
+
+def _fam(family, baseline, runs: dict, failed=None):
+    return {family: {"baseline": {"sudoku": {"mean_score": baseline, "accuracy": 0.005}}, "anchor": "a",
+                     "checkpoint": f"{family}-ckpt", "task": "lazy_sudoku", "runs": runs, "failed": failed or {}}}
+
+
+def test_merge_replaces_a_methods_row_adds_new_ones_and_keeps_the_rest():
+    from dare.comparison.report import merge_data
+    stored = comparison_data({**_fam("llada", 0.41, {"a": [_run(0.5, 0), _run(0.52, 1)], "b": [_run(0.45, 0)]},
+                                     failed={"c": "boom"}),
+                              **_fam("sdar", 0.79, {"a": [_run(0.8, 0)]})}, "sudoku")
+    new = comparison_data(_fam("llada", 0.4102, {"b": [_run(0.6, 0), _run(0.62, 1)], "c": [_run(0.55, 0)],
+                                                 "d": [_run(0.3, 0)]}), "sudoku")
+    merged = merge_data(stored, new)
+    llada, sdar = merged["families"]
+    assert [e["algorithm"] for e in llada["methods"]] == ["a", "b", "c", "d"]
+    rows = {e["algorithm"]: e for e in llada["methods"]}
+    assert rows["a"] == stored["families"][0]["methods"][0]          # kept as stored
+    assert rows["b"]["seeds"] == 2 and rows["b"]["mean"] == pytest.approx(0.61)  # replaced by the new runs
+    assert llada["failed"] == {} and llada["baseline"]["mean_score"] == 0.41  # c ran now; the stored baseline stays
+    assert sdar == stored["families"][1]
+    assert stored["families"][0]["methods"][1]["mean"] == pytest.approx(0.45)  # the stored data is not modified
+    with pytest.raises(ValueError, match="SFT baseline's mean_score differs"):
+        merge_data(stored, comparison_data(_fam("llada", 0.45, {"b": [_run(0.6, 0)]}), "sudoku"))
+
+
+def test_dare_compare_merge_writes_the_merged_table_into_docs(tmp_path, capsys):
+    """``--merge --docs DIR``: DIR's table and data gain the rows, its figure is not replaced."""
+    from dare.cli import main as dare_main
+    from dare.comparison.run import CompareOptions, write_report
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "comparison.json").write_text((ROOT / "docs" / "comparison.json").read_text())
+    (docs / "comparison.png").write_bytes(b"stored figure")
+    stored = load_data(docs / "comparison.json")
+    base = stored["families"][0]["baseline"]["mean_score"]
+    new = comparison_data(_fam(stored["families"][0]["family"], base, {"zz_new": [_run(0.6, 0), _run(0.61, 1)]}),
+                          "sudoku")
+    png = tmp_path / "new.png"
+    png.write_bytes(b"new figure")
+    write_report(tmp_path / "out", new, str(docs), echo=lambda *a, **k: None, png=png, merge=True)
+    merged = load_data(docs / "comparison.json")
+    assert "zz_new" in {e["algorithm"] for e in merged["families"][0]["methods"]}
+    assert len(merged["families"][0]["methods"]) == len(stored["families"][0]["methods"]) + 1
+    assert (docs / "comparison_table.md").read_text() == render_table(merged)
+    assert (docs / "comparison.png").read_bytes() == b"stored figure"
+    assert load_data(tmp_path / "out" / "comparison.json") == new  # the run folder's own report: its runs only
+    assert dare_main(["compare", "--merge", "--output-dir", str(tmp_path)]) == 2
+    assert "--merge needs --docs" in capsys.readouterr().err
+    assert CompareOptions().merge is False

@@ -37,6 +37,10 @@ def add_arguments(p):
     p.add_argument("--docs", default=None, metavar="DIR",
                    help="also write the table (comparison_table.md), its data (comparison.json) and the PNG to DIR "
                         "(e.g. docs)")
+    p.add_argument("--merge", action="store_true",
+                   help="with --docs: merge these runs' rows into DIR/comparison.json (a method's stored row is "
+                        "replaced, other rows stay; the stored figure is kept), to add methods to a report whose "
+                        "earlier runs are gone")
     p.add_argument("--report-only", action="store_true",
                    help="only write the table and figure of the runs already finished in --output-dir; start none")
     p.add_argument("--data", default=None, metavar="FILE",
@@ -57,13 +61,15 @@ def run(args) -> int:
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.merge and not args.docs:
+        raise ValueError("--merge needs --docs DIR (it merges into DIR/comparison.json)")
     if args.data and not args.report_only:
         raise ValueError("--data needs --report-only (it renders a stored report; it runs nothing)")
     opts = CompareOptions(algorithms=_names(args.algorithms), families=_names(args.families), task=args.task,
                           seeds=args.seeds, updates=args.updates, paper_settings=not args.shared_settings,
                           eval_limit=args.eval_limit, output_dir=args.output_dir,
                           overrides=list(args.overrides), resume=not args.no_resume, report_only=args.report_only,
-                          docs_dir=args.docs,
+                          docs_dir=args.docs, merge=args.merge,
                           threads=args.threads or None, progress=not args.no_progress)
     if args.data:
         report_from_data(args.data, opts)

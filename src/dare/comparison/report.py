@@ -81,6 +81,33 @@ def comparison_data(results: dict, bench: str) -> dict:
     return {"benchmark": bench, "families": families}
 
 
+def merge_data(stored: dict, new: dict, tolerance: float = 5e-4) -> dict:
+    """``stored`` (a checked-in report's data) with ``new``'s rows: per family, a method row of the same algorithm is
+    replaced and others are added (rows sorted by name; a method that now ran drops its stored failure), a family
+    missing from ``stored`` is added whole. How a report grows method by method when the runs behind the stored rows
+    are gone. The benchmark and each family's SFT baseline must agree (``tolerance``: the stored table's rounding)."""
+    if stored["benchmark"] != new["benchmark"]:
+        raise ValueError(f"cannot merge a {new['benchmark']} comparison into a {stored['benchmark']} one")
+    merged = {**stored, "families": [dict(f) for f in stored["families"]]}
+    by_family = {f["family"]: f for f in merged["families"]}
+    for fam in new["families"]:
+        old = by_family.get(fam["family"])
+        if old is None:
+            merged["families"].append(fam)
+            continue
+        for key in ("mean_score", "accuracy"):
+            if abs(old["baseline"][key] - fam["baseline"][key]) > tolerance:
+                raise ValueError(f"{fam['family']}: the SFT baseline's {key} differs ({old['baseline'][key]} stored, "
+                                 f"{fam['baseline'][key]} now): not the same checkpoint or evaluation")
+        rows = {e["algorithm"]: e for e in old["methods"]}
+        rows.update({e["algorithm"]: e for e in fam["methods"]})
+        failed = {a: m for a, m in old.get("failed", {}).items() if a not in rows}
+        failed.update(fam.get("failed", {}))
+        old["methods"] = [rows[a] for a in sorted(rows)]
+        old["failed"] = dict(sorted(failed.items()))
+    return merged
+
+
 def _pct(x: Optional[float]) -> str:
     return "-" if x is None else f"{100.0 * x:.1f}"
 

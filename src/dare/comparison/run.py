@@ -39,7 +39,7 @@ from typing import Optional
 from ..quickstart.assets import get_checkpoint, recipe_path, shipped_checkpoints
 from ..quickstart.stages import eval_stage, fmt_seconds, load_stage_recipe, read_curve, set_threads, train_stage
 from .departures import lr_factor
-from .report import compare_plot, comparison_data, dump_data, load_data, render_table
+from .report import compare_plot, comparison_data, dump_data, load_data, merge_data, render_table
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class CompareOptions:
     resume: bool = True  # reuse finished runs (their summary.json)
     report_only: bool = False  # only tabulate finished runs (e.g. while others still run); start none
     docs_dir: Optional[str] = None  # also write the table, its data and the figure there (e.g. docs/)
+    merge: bool = False  # merge these runs' rows into docs_dir's stored comparison.json (its figure is kept)
     threads: Optional[int] = 1  # torch intra-op threads (None: PyTorch's choice)
     progress: bool = True
 
@@ -262,12 +263,14 @@ def run_compare(opts: CompareOptions, echo=print) -> dict:
 def write_outputs(out: Path, results: dict, bench: str, opts: CompareOptions, echo=print) -> None:
     """The report of finished runs: its data, the table rendered from the data, and the figure (from the runs)."""
     png = compare_plot(out / "comparison.png", results, bench)
-    write_report(out, comparison_data(results, bench), opts.docs_dir, echo, png)
+    write_report(out, comparison_data(results, bench), opts.docs_dir, echo, png, merge=opts.merge)
 
 
-def write_report(out: Path, data: dict, docs_dir: Optional[str], echo=print, png: Optional[Path] = None) -> None:
+def write_report(out: Path, data: dict, docs_dir: Optional[str], echo=print, png: Optional[Path] = None,
+                 merge: bool = False) -> None:
     """``out``/comparison.json (the data) and comparison.md (the table rendered from it); with ``docs_dir``, the same
-    table as comparison_table.md and the data as comparison.json there, and the figure if there is one."""
+    table as comparison_table.md and the data as comparison.json there, and the figure if there is one. ``merge``:
+    in ``docs_dir`` these rows join its stored data (``merge_data``) and its figure stays (it needs every run)."""
     table = render_table(data)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(table, encoding="utf-8")
@@ -277,16 +280,20 @@ def write_report(out: Path, data: dict, docs_dir: Optional[str], echo=print, png
     if docs_dir:
         docs = Path(docs_dir)
         docs.mkdir(parents=True, exist_ok=True)
+        if merge:
+            data, png = merge_data(load_data(docs / "comparison.json"), data), None
+            table = render_table(data)
         (docs / "comparison_table.md").write_text(table, encoding="utf-8")
         (docs / "comparison.json").write_text(dump_data(data), encoding="utf-8")
         if png:
             shutil.copyfile(png, docs / "comparison.png")
-        echo(f"wrote the table and its data{' and the figure' if png else ''} to {docs}", flush=True)
+        echo(f"wrote the table and its data{' and the figure' if png else ''} to {docs}"
+             + (" (merged into the stored rows; the figure kept)" if merge else ""), flush=True)
 
 
 def report_from_data(path, opts: CompareOptions, echo=print) -> dict:
     """``--report-only --data FILE``: the table of a stored report's data (e.g. docs/comparison.json), no runs needed
     (the figure needs the runs' curves, so none is drawn); written as ``write_report`` does. Returns the data."""
     data = load_data(path)
-    write_report(Path(opts.output_dir), data, opts.docs_dir, echo)
+    write_report(Path(opts.output_dir), data, opts.docs_dir, echo, merge=opts.merge)
     return data
