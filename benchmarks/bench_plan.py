@@ -81,7 +81,7 @@ def main() -> int:
         for ph in planned.phases:
             r = real_peaks.get(ph.name, 0)
             dev = (ph.peak_bytes - r) / r if r else float("inf")
-            if "sequence parallel" in label:
+            if any(o.startswith("distributed.sequence_parallel=") for o in overrides):
                 worst_sp = max(worst_sp, abs(dev))
             else:
                 worst = max(worst, abs(dev))

@@ -48,11 +48,12 @@ def main(argv=None) -> int:
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
     args = parser.parse_args(argv)
-    lines = differences(read(args.before), read(args.after))
+    before = read(args.before)
+    lines = differences(before, read(args.after))
     for line in lines:
         print(line)
     if not lines:
-        print(f"same numbers: {len(read(args.before))} steps, every field but the timings bit for bit")
+        print(f"same numbers: {len(before)} steps, every field but the timings bit for bit")
     return 1 if lines else 0
 
 

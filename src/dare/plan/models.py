@@ -79,7 +79,7 @@ def empty_in_place(module) -> None:
     CPU tensor of its shape, a tensor shared by several modules (tied weights) by one shared replacement. Not
     ``to_empty``: it swaps each parameter in place, and a parameter the fake mode has converted carries a weakref that
     refuses the swap (DiffusionGemma's scaled word embedding did: a one-process plan stopped there)."""
-    made = {}
+    made = {}  # id(original) -> (replacement, original): the original is kept so its id is not reused meanwhile
     for sub in module.modules():
         for table, wrap in ((sub._parameters, True), (sub._buffers, False)):
             for name, t in list(table.items()):

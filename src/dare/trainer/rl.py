@@ -135,9 +135,10 @@ def _pad_steps(t: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, pad)
 
 
-# Rollout fields that are not "one row per sample, concatenated": how each merges. Every other field must be a
-# per-row tensor (or None in every part); a field of another kind is an error here, never chunk 0's value.
-_SHARED_FIELDS = ("stop_token_ids", "paused_at")  # equal in every part of one step
+# Rollout fields that every chunk of one step shares (checked equal, kept once). ``_merge`` re-pads or sums a few
+# fields itself; every other field must be a per-row tensor (or None in every chunk): a field of another kind is an
+# error there, never chunk 0's value.
+_SHARED_FIELDS = ("stop_token_ids", "paused_at")
 
 
 def _merge(parts: list, pad_id: int):
