@@ -39,6 +39,11 @@ def gathered_for_inference(model: torch.nn.Module):
     if not mods:
         yield model
         return
+    if isinstance(model, FSDPModule):
+        # FSDP2 finds its root in the first forward, and takes the first FSDP module a forward reaches for it. A
+        # sampler that calls submodules (DiffusionGemma's encoder and decoder) would make a layer unit the root (one
+        # of two modules: "requires a single root module"), so the root is settled here first.
+        model._get_fsdp_state()._lazy_init()
     for m in mods:
         m.set_reshard_after_forward(False, recurse=False)
     for m in mods:

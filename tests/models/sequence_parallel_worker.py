@@ -39,6 +39,31 @@ def _cases(model, gen: torch.Generator):
         yield "x_t_x_0", both, t, torch.randint(0, V, (2, 10), generator=gen), {"layout": model.adapter.block_diffusion_layout(pos)}
 
 
+def _canvas_cases(model, gen: torch.Generator):
+    """DiffusionGemma's inputs: an RL view ``[left-padded prompt ; clean blocks ; canvas]`` (7 prompt positions,
+    a 10-token completion in canvases of 4: an encoder part of 15 and a canvas of 10) and packed SFT rows of two
+    documents with self-conditioning on one row (encoder 13, canvas of the answers)."""
+    from dare.algorithms.common.views import prompt_completion_view
+    from dare.diffusion.uniform import packed_canvas_view
+    V, C = model.arch.vocab_size, model.adapter.block_size
+    prompt = torch.randint(0, V, (2, 7), generator=gen)
+    pmask = torch.ones(2, 7, dtype=torch.long)
+    pmask[1, :2] = 0
+    completion = torch.randint(0, V, (2, 10), generator=gen)
+    noisy = torch.where(torch.rand(2, 10, generator=gen) < 0.5, torch.randint(0, V, (2, 10), generator=gen), completion)
+    view = prompt_completion_view(prompt, pmask, completion, noisy, torch.rand(2, 10, generator=gen) < 0.7,
+                                  canvas_length=C)
+    yield "rl_view", view.input_ids, view.targets, view.labels, {"layout": view.layout}
+    ids = torch.randint(0, V, (2, 13), generator=gen)
+    pos = torch.cat([torch.arange(6), torch.arange(7)]).expand(2, 13).contiguous()
+    docs = torch.cat([torch.zeros(6, dtype=torch.long), torch.ones(7, dtype=torch.long)]).expand(2, 13).contiguous()
+    answer = (pos >= 3)
+    noisy_rows = torch.where(torch.rand(2, 13, generator=gen) < 0.5, torch.randint(0, V, (2, 13), generator=gen), ids)
+    inputs, targets, labels, _, layout = packed_canvas_view(ids, pos, docs, answer, noisy_rows, answer.float(), C,
+                                                            self_condition=torch.tensor([True, False]))
+    yield "sft_packed_self_conditioned", inputs, targets, labels, {"layout": layout}
+
+
 def _score(model, ids, targets, labels, kwargs, sp):
     model.zero_grad(set_to_none=True)
     with S.sharding_sequences(sp):
@@ -59,7 +84,8 @@ def main(out: Path, families: list[str]) -> None:
         family, _, kv = spec.partition(":")  # "sdar:1": one key/value head (repeated to the query heads)
         for dtype in (torch.float64, torch.float32):
             model = tiny(family, seed=0, dtype=dtype, **({"num_kv_heads": int(kv)} if kv else {}))
-            for case, ids, targets, labels, kwargs in _cases(model, torch.Generator().manual_seed(1)):
+            cases = _canvas_cases if model.adapter.is_encoder_decoder else _cases
+            for case, ids, targets, labels, kwargs in cases(model, torch.Generator().manual_seed(1)):
                 one, grads_one = _score(model, ids, targets, labels, kwargs, None)
                 two, grads_two = _score(model, ids, targets, labels, kwargs, sp)
                 # Each rank holds the gradient of its share; their mean is what FSDP's reduce-scatter gives. A MoE

@@ -126,44 +126,21 @@ def _scattered(targets: torch.Tensor, b: torch.Tensor, col: torch.Tensor, values
     return torch.zeros(targets.shape, dtype=torch.float32, device=values.device).index_put((b, col), values)
 
 
-def _pad_for_sequence_parallel(size: int, input_ids, attention_mask, position_ids, layout):
-    """Inputs padded at the end to a multiple of ``size`` positions; the padding is masked out as keys (its rows are
-    never read)."""
-    L = input_ids.shape[1]
-    pad = -L % size
-    if not pad:
-        return input_ids, attention_mask, position_ids, layout
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(f"sequence parallelism pads the sequence to a multiple of {size}; a 4-D attention_mask "
-                         f"cannot be padded (pass a 2-D mask or a layout, or a length divisible by {size})")
-
-    def extend(t, value):
-        return torch.cat([t, t.new_full((t.shape[0], pad), value)], dim=1)
-
-    if layout is not None:
-        layout = type(layout)(extend(layout.doc, -1), extend(layout.pos, 0), extend(layout.seg, 1),
-                              extend(layout.valid, False))
-    else:
-        if attention_mask is None:
-            attention_mask = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
-        attention_mask = extend(attention_mask, 0)
-        if position_ids is not None:
-            position_ids = extend(position_ids, 0)
-    return extend(input_ids, 0), attention_mask, position_ids, layout
-
-
 def _score_sharded(sp, model, input_ids, targets, labels, attention_mask, position_ids, layout, chunk_size,
                    temperature, with_entropy):
     """``score_targets`` over a sequence-parallel group: this rank's rows score the targets they predict, and a sum
-    over the group gives every rank the whole ``[B, L]`` result (``dare.models.sequence_parallel``)."""
-    ids, mask, pos, lay = _pad_for_sequence_parallel(sp.size, input_ids, attention_mask, position_ids, layout)
-    hidden = model(ids, attention_mask=mask, position_ids=pos, layout=lay, request=LogitsRequest.hidden_states(),
-                   sequence_parallel=sp).hidden_states
-    own = sp.local(ids.shape[1])
+    over the group gives every rank the whole ``[B, L]`` result (``dare.models.sequence_parallel``). Which rows a
+    rank holds is the model's to say (``sequence_parallel_inputs``: a slice of the sequence for the native models,
+    a slice of the encoder part and one of the canvas for DiffusionGemma)."""
+    sharded = model.sequence_parallel_inputs(sp, input_ids, attention_mask, position_ids, layout)
+    hidden = model(sharded.input_ids, attention_mask=sharded.attention_mask, position_ids=sharded.position_ids,
+                   layout=sharded.layout, request=LogitsRequest.hidden_states(), sequence_parallel=sp).hidden_states
+    local = sharded.local_rows(input_ids.shape[1])
     b, col = targets.nonzero(as_tuple=True)
     rows = model.adapter.prediction_rows(col)
-    mine = (rows >= own.start) & (rows < own.stop)
-    b, col, rows = b[mine], col[mine], rows[mine] - own.start
-    logp, ent = linear_log_prob(hidden[b, rows], model.lm_head.weight, labels[b, col], chunk_size, temperature,
+    at = torch.where(rows >= 0, local[rows.clamp(min=0)], -1)  # this rank's hidden row of each target, or -1
+    mine = at >= 0
+    b, col, at = b[mine], col[mine], at[mine]
+    logp, ent = linear_log_prob(hidden[b, at], model.lm_head.weight, labels[b, col], chunk_size, temperature,
                                 with_entropy, softcap=model.adapter.logit_softcap)
     return sp.sum(_scattered(targets, b, col, logp)), (sp.sum(_scattered(targets, b, col, ent)) if with_entropy else None)

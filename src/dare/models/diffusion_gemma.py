@@ -36,6 +36,7 @@ from .checkpoint import CheckpointError
 from .families import FamilySpec, UnsupportedModelError
 from .modules import take_rows
 from .outputs import ALL_LOGITS, LogitsRequest, ModelOutput
+from .sequence_parallel import SequenceGroup, ShardedInputs, check_heads, hf_attention_layers, owned_rows, pad_end
 
 # Per-layer submodules of transformers' encoder and decoder text layers that hold the shared weights.
 LAYER_MODULES = ("mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -63,6 +64,9 @@ def share_encoder_modules(model: nn.Module) -> None:
 
 class DiffusionGemmaLM(nn.Module):
     lora_exclude = r"\.vision_tower\.|\.embed_vision\."  # text-only: the vision tower gets no adapters
+    # ``sequence_parallel=`` in ``forward``: the encoder part and the canvas are each split over the group, and
+    # transformers' attention runs inside Ulysses' swaps (``sequence_parallel.hf_attention``).
+    supports_sequence_parallel = True
 
     def __init__(self, hf_model, arch: ModelArch, adapter: FamilyAdapter, hf_config: dict, family: str = "diffusion_gemma"):
         super().__init__()
@@ -80,11 +84,24 @@ class DiffusionGemmaLM(nn.Module):
             p.requires_grad_(False)
         self.gradient_checkpointing = False
         self.attn_backend = "sdpa"
+        self._experts_default = self.text_config._experts_implementation
+        self._experts_for_dtype()
 
     # --- configuration ---------------------------------------------------------------------------
     def vision_parameters(self):
         enc = self.model.encoder
         return list(enc.vision_tower.parameters()) + list(enc.embed_vision.parameters())
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self._experts_for_dtype()  # .to(dtype) and friends
+        return out
+
+    def _experts_for_dtype(self) -> None:
+        """transformers' MoE experts run ``torch._grouped_mm``, which takes bf16 and fp32 but not fp64: fp64 weights
+        (dare's exactness checks) run transformers' own per-expert loop ("eager") instead."""
+        fp64 = self.lm_head.weight.dtype == torch.float64
+        self.text_config._experts_implementation = "eager" if fp64 else self._experts_default
 
     def set_attn_backend(self, backend: str) -> None:
         if backend not in ("auto", "sdpa"):
@@ -132,7 +149,8 @@ class DiffusionGemmaLM(nn.Module):
     # --- training / scoring forward --------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None, *, layout: Optional[CanvasLayout] = None,
-                request: Optional[LogitsRequest] = None) -> ModelOutput:
+                request: Optional[LogitsRequest] = None,
+                sequence_parallel: Optional[SequenceGroup] = None) -> ModelOutput:
         """The training / scoring forward over ``[clean encoder ids ; canvas ids]``.
 
         Args:
@@ -142,6 +160,9 @@ class DiffusionGemmaLM(nn.Module):
             layout: the ``CanvasLayout`` (required): encoder / decoder positions, masks, self-conditioning coins.
             request: which rows get logits / hidden states (``LogitsRequest``; default: logits of every row). The
                 rows are selected after the final norm (the encoder-decoder stack runs every row).
+            sequence_parallel: a ``SequenceGroup``: this rank runs its slice of the encoder part and its slice of the
+                canvas (each a multiple of the group's size: ``sequence_parallel_inputs`` pads them) and returns
+                their hidden states, ``[my encoder rows ; my canvas rows]`` (no row selection).
         Returns:
             ``ModelOutput`` over the rows ``[encoder rows ; canvas rows]`` ([B, Le + C, .], or as ``request``
             selects): encoder row i predicts token i+1, canvas row j the clean token of canvas position j. Logits
@@ -154,8 +175,14 @@ class DiffusionGemmaLM(nn.Module):
         request.check(input_ids.shape[0], input_ids.shape[1])
         Le = layout.enc_len
         sw = self.sliding_window
+        sp = sequence_parallel
         enc_ids, canvas = input_ids[:, :Le], input_ids[:, Le:]
-        enc_masks, dec_masks = layout.encoder_masks(sw), layout.decoder_masks(sw)
+        enc_pos, dec_pos = layout.enc_pos, layout.dec_pos
+        enc_masks, dec_masks = layout.encoder_masks(sw), layout.decoder_masks(sw)  # whole-sequence masks
+        if sp is not None:
+            self._check_sequence_parallel(sp, Le, canvas.shape[1], request)
+            own_e, own_c = sp.local(Le), sp.local(canvas.shape[1])
+            enc_ids, canvas, enc_pos, dec_pos = enc_ids[:, own_e], canvas[:, own_c], enc_pos[:, own_e], dec_pos[:, own_c]
         sc_logits = sc_mask = None
         if layout.self_condition is not None:
             # The first pass only provides the conditioning signal (Analog-Bits style), so it runs without gradients,
@@ -164,25 +191,28 @@ class DiffusionGemmaLM(nn.Module):
             # same units crashes its backward). It runs whatever the per-row coins say, so every rank issues the same
             # collectives.
             with torch.no_grad():
-                _, first = self._encode_decode(enc_ids, enc_masks, layout.enc_pos, canvas, dec_masks, layout.dec_pos,
-                                               None, None)
+                _, first = self._encode_decode(enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, None, None, sp)
                 sc_logits = self.logits_of(first).to(self.model.decoder.embed_tokens.weight.dtype)
             sc_mask = layout.self_condition.bool()
-        enc, dec = self._encode_decode(enc_ids, enc_masks, layout.enc_pos, canvas, dec_masks, layout.dec_pos, sc_logits, sc_mask)
+        enc, dec = self._encode_decode(enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, sc_logits, sc_mask, sp)
         h = take_rows(torch.cat([enc, dec], dim=1), request.rows)
         if request.keep is not None:
             h = h[request.keep]
         logits = self.logits_of(h) if request.logits else None
         return ModelOutput(logits=logits, hidden_states=h if request.hidden else None)
 
-    def _encode_decode(self, enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, sc_logits, sc_mask):
+    def _encode_decode(self, enc_ids, enc_masks, enc_pos, canvas, dec_masks, dec_pos, sc_logits, sc_mask, sp=None):
         """(encoder, decoder) final hidden states of the differentiated pass, the layers run as pairs: encoder layer i
         then decoder layer i (which reads only layer i's keys). transformers' own forward runs every encoder layer,
         then every decoder layer; the values are the same, but the order matters for training. Each shared weight is
         used twice, and autograd completes its gradient only when both uses are differentiated: in the sequential
         order it holds every layer's (unsharded, under FSDP2) gradient from the decoder's backward until the encoder's
         (51 GiB per GPU for the 26B model's full SFT, ``dare plan``). Paired, layer i's gradient completes right after
-        its pair's backward, and FSDP2 reduce-scatters it there."""
+        its pair's backward, and FSDP2 reduce-scatters it there.
+
+        With ``sp`` the inputs and positions are this rank's slices and every attention runs inside Ulysses' swaps
+        (``hf_attention``); the decoder's keys are ``[encoder keys ; canvas keys]``, whose encoder part is swapped on
+        its own (``dare_prefix_keys``). Set per pair, so a checkpoint's recompute runs the same way."""
         from transformers.cache_utils import DynamicCache
         lm, dec = self.model.encoder.language_model, self.model.decoder
         h_enc = self.model.encoder.get_input_embeddings()(enc_ids)
@@ -194,13 +224,16 @@ class DiffusionGemmaLM(nn.Module):
         # Unconfigured caches keep every key of every layer (the decoder masks pick what each canvas block sees)
         cache = None if checkpointed else DynamicCache()
 
+        enc_sp, dec_sp = ({"dare_sequence": sp}, {"dare_sequence": sp, "dare_prefix_keys": enc_ids.shape[1]}) if sp else ({}, {})
+
         def pair(i, h_enc, h_dec, cache):
             cache = DynamicCache() if cache is None else cache  # a recompute gets a cache of its own
             kind = types[i]
-            h_enc = lm.layers[i](h_enc, position_embeddings=enc_rope[kind], attention_mask=enc_masks[kind],
-                                 position_ids=enc_pos, cache=cache)
-            h_dec = dec.layers[i](h_dec, position_embeddings=dec_rope[kind], attention_mask=dec_masks[kind],
-                                  position_ids=dec_pos, cache=cache)
+            with hf_attention_layers(self._attention_configs(i), sp):
+                h_enc = lm.layers[i](h_enc, position_embeddings=enc_rope[kind], attention_mask=enc_masks[kind],
+                                     position_ids=enc_pos, cache=cache, **enc_sp)
+                h_dec = dec.layers[i](h_dec, position_embeddings=dec_rope[kind], attention_mask=dec_masks[kind],
+                                      position_ids=dec_pos, cache=cache, **dec_sp)
             return h_enc, h_dec
 
         for i in range(self.text_config.num_hidden_layers):
@@ -210,6 +243,38 @@ class DiffusionGemmaLM(nn.Module):
             else:
                 h_enc, h_dec = pair(i, h_enc, h_dec, cache)
         return lm.norm(h_enc), dec.norm(h_dec)
+
+    def _attention_configs(self, i: int) -> list:
+        """The distinct config objects the attention modules of pair ``i`` read their implementation from."""
+        mods = (self.model.encoder.language_model.layers[i].self_attn, self.model.decoder.layers[i].self_attn)
+        return list({id(m.config): m.config for m in mods}.values())
+
+    # --- sequence parallelism --------------------------------------------------------------------
+    def _check_sequence_parallel(self, sp: SequenceGroup, enc_len: int, canvas_len: int, request: LogitsRequest) -> None:
+        if request.rows is not None or request.keep is not None:
+            raise ValueError("a sequence-parallel forward takes no row selection (LogitsRequest rows / keep): it "
+                             "returns this rank's hidden states; see score_targets")
+        if enc_len % sp.size or canvas_len % sp.size:
+            raise ValueError(f"a sequence-parallel forward of {self.family} needs an encoder part ({enc_len}) and a "
+                             f"canvas ({canvas_len}) divisible by distributed.sequence_parallel={sp.size} "
+                             f"(sequence_parallel_inputs pads them)")
+        check_heads(self.arch.num_heads, self.arch.num_kv_heads, sp.size)
+
+    def sequence_parallel_inputs(self, sp: SequenceGroup, input_ids, attention_mask=None, position_ids=None,
+                                 layout: Optional[CanvasLayout] = None) -> ShardedInputs:
+        """``[encoder ids ; canvas ids]`` with each part padded at its end to a multiple of the group's size (padding
+        is document -1: no query sees it, it sees itself), and the input rows this rank holds: its slice of the
+        encoder part, then its slice of the canvas."""
+        if not isinstance(layout, CanvasLayout):
+            raise ValueError(f"{self.family}'s forward takes a CanvasLayout (layout=...)")
+        Le, C = layout.enc_len, input_ids.shape[1] - layout.enc_len
+        pe, pc = -Le % sp.size, -C % sp.size
+        ids = torch.cat([pad_end(input_ids[:, :Le], pe, 0), pad_end(input_ids[:, Le:], pc, 0)], dim=1)
+        padded = CanvasLayout(pad_end(layout.enc_pos, pe, 0), pad_end(layout.enc_doc, pe, -1),
+                              pad_end(layout.dec_pos, pc, 0), pad_end(layout.dec_doc, pc, -1),
+                              pad_end(layout.dec_block_start, pc, 0), layout.self_condition)
+        rows = torch.cat([owned_rows(sp, Le + pe, Le), owned_rows(sp, C + pc, C, offset=Le)]).to(input_ids.device)
+        return ShardedInputs(ids, None, None, padded, rows)
 
     def _decoder_inputs(self, canvas, sc_logits, sc_mask) -> torch.Tensor:
         """The decoder's input embeddings: the canvas tokens' embeddings combined with the self-conditioning signal

@@ -28,7 +28,7 @@ from .cache import KVCache
 from .checkpoint import save_pretrained
 from .fused import FusedProjections
 from .lean import lean_layer, run_compiled, snapshot_layer, stack_signature
-from .sequence_parallel import SequenceGroup, check_heads
+from .sequence_parallel import SequenceGroup, ShardedInputs, check_heads, split_sequence
 from .modules import AttnInputs, DecoderLayer, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
 from .outputs import ALL_LOGITS, LogitsRequest, ModelOutput, QuerySel
 
@@ -187,6 +187,12 @@ class DiffusionLM(nn.Module):
                              f"{sp.size}, got {ids.shape[1]} (score_targets pads it)")
         check_heads(self.arch.num_heads, self.arch.num_kv_heads, sp.size)
         return sp.local(ids.shape[1])
+
+    def sequence_parallel_inputs(self, sp: SequenceGroup, input_ids, attention_mask=None, position_ids=None,
+                                 layout=None) -> ShardedInputs:
+        """The inputs of a ``sequence_parallel=sp`` forward and the rows this rank holds: one slice of the positions
+        (padded to a multiple of the group's size)."""
+        return split_sequence(sp, input_ids, attention_mask, position_ids, layout)
 
     def _compiled_step(self, lean, cache: Optional[KVCache], prune: bool, sel: Optional[QuerySel], B: int, L: int):
         """(stack signature, KV slots, last-layer query rows) when this forward runs the compiled stack

@@ -50,6 +50,59 @@ class SequenceGroup:
         return _GroupSum.apply(t, self)
 
 
+@dataclass
+class ShardedInputs:
+    """A forward's inputs made ready for a sequence-parallel group (padded so every part splits evenly), and which
+    row of the caller's ``[B, L]`` input each of this rank's hidden rows is (``rows``: -1 for padding)."""
+    input_ids: torch.Tensor
+    attention_mask: Optional[torch.Tensor]
+    position_ids: Optional[torch.Tensor]
+    layout: object
+    rows: torch.Tensor  # [n_local] long
+
+    def local_rows(self, length: int) -> torch.Tensor:
+        """[length] long: this rank's hidden row of each input row, -1 where another rank holds it."""
+        out = torch.full((length,), -1, dtype=torch.long, device=self.rows.device)
+        held = self.rows >= 0
+        out[self.rows[held]] = torch.arange(self.rows.numel(), device=self.rows.device)[held]
+        return out
+
+
+def pad_end(t: torch.Tensor, pad: int, value) -> torch.Tensor:
+    """``t`` [B, L] with ``pad`` columns of ``value`` appended."""
+    return torch.cat([t, t.new_full((t.shape[0], pad), value)], dim=1) if pad else t
+
+
+def owned_rows(sp: SequenceGroup, padded: int, real: int, offset: int = 0) -> torch.Tensor:
+    """The input rows this rank holds of a part of ``padded`` positions (``real`` of them real) that starts at row
+    ``offset`` of the caller's input: -1 for the padding."""
+    own = sp.local(padded)
+    idx = torch.arange(own.start, own.stop)
+    return torch.where(idx < real, idx + offset, -1)
+
+
+def split_sequence(sp: SequenceGroup, input_ids, attention_mask=None, position_ids=None, layout=None) -> ShardedInputs:
+    """The native models' split: inputs padded at the end to a multiple of the group size (the padding masked out
+    as keys, its rows never read); rank r holds the r-th slice of the positions."""
+    L = input_ids.shape[1]
+    pad = -L % sp.size
+    if pad:
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(f"sequence parallelism pads the sequence to a multiple of {sp.size}; a 4-D attention_mask "
+                             f"cannot be padded (pass a 2-D mask or a layout, or a length divisible by {sp.size})")
+        if layout is not None:
+            layout = type(layout)(pad_end(layout.doc, pad, -1), pad_end(layout.pos, pad, 0),
+                                  pad_end(layout.seg, pad, 1), pad_end(layout.valid, pad, False))
+        else:
+            if attention_mask is None:
+                attention_mask = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
+            attention_mask = pad_end(attention_mask, pad, 0)
+            if position_ids is not None:
+                position_ids = pad_end(position_ids, pad, 0)
+    return ShardedInputs(pad_end(input_ids, pad, 0), attention_mask, position_ids, layout,
+                         owned_rows(sp, L + pad, L).to(input_ids.device))
+
+
 def _a2a(t: torch.Tensor, sp: SequenceGroup) -> torch.Tensor:
     t = t.contiguous()
     out = torch.empty_like(t)  # contiguous too (empty_like keeps the strides of a permuted input)
@@ -96,6 +149,66 @@ class _GroupSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.size, None
+
+
+HF_ATTENTION = "dare_ulysses_sdpa"
+
+
+def hf_attention(module, query, key, value, attention_mask, *, dare_sequence: Optional[SequenceGroup] = None,
+                 dare_prefix_keys: int = 0, **kwargs):
+    """Ulysses around transformers' own SDPA attention, for models whose layers are transformers' (DiffusionGemma):
+    registered in transformers' ``AttentionInterface`` as ``HF_ATTENTION`` and selected while a sequence-parallel
+    forward runs a layer (``hf_attention_layers``).
+
+    ``query`` [B, H, n, D] holds this rank's positions; ``key`` / ``value`` [B, Hk, m, D] its keys, which for a
+    layer that reads a cache are ``[this rank's cached prefix (dare_prefix_keys) ; its own keys]``: each part is
+    swapped separately, so the keys come out in the model's order ``[whole prefix ; whole sequence]`` that the
+    (whole-sequence) ``attention_mask`` describes. Returns transformers' ``[B, n, H, D]`` output of this rank's rows.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    sp = dare_sequence
+    if sp is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    H, Hk = query.shape[1], key.shape[1]
+    if Hk % sp.size:  # key/value heads N does not divide: repeat them up to the query heads
+        key, value = (t.repeat_interleave(H // Hk, dim=1) for t in (key, value))
+
+    def swap(t):
+        parts = (t[:, :, :dare_prefix_keys], t[:, :, dare_prefix_keys:]) if dare_prefix_keys else (t,)
+        return torch.cat([sp.heads_from_sequence(p) for p in parts], dim=2)
+
+    q, k, v = sp.heads_from_sequence(query), swap(key), swap(value)
+    # The head ratio after the swap (1 where the key heads were repeated); the rest is what SDPA reads of a module.
+    shim = _AttentionShape(q.shape[1] // k.shape[1], getattr(module, "is_causal", False), module.training)
+    out, _ = sdpa_attention_forward(shim, q, k, v, attention_mask, **kwargs)  # [B, L, H/N, D]
+    return sp.sequence_from_heads(out.transpose(1, 2)).transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class _AttentionShape:
+    num_key_value_groups: int
+    is_causal: bool
+    training: bool
+
+
+@contextlib.contextmanager
+def hf_attention_layers(configs, sp: Optional[SequenceGroup]) -> Iterator[None]:
+    """transformers layers of ``configs`` (their config objects) run ``hf_attention`` within this context when
+    ``sp`` is given (a no-op otherwise)."""
+    if sp is None:
+        yield
+        return
+    from transformers import AttentionInterface
+    if HF_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(HF_ATTENTION, hf_attention)
+    before = [c._attn_implementation for c in configs]
+    for c in configs:
+        c._attn_implementation = HF_ATTENTION
+    try:
+        yield
+    finally:
+        for c, name in zip(configs, before):
+            c._attn_implementation = name
 
 
 def check_heads(num_heads: int, num_kv_heads: int, size: int) -> None:
