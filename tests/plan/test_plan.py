@@ -183,3 +183,22 @@ def test_full_size_recipe_fits_and_its_published_plan_is_current(rel):
         assert abs(_peaks(published)[name] - peak) <= 2**20, ("the code's plan changed: rerun python "
                                                                "scripts/plan_recipes.py", name, _peaks(published), _peaks(plan))
     assert abs(published["flops_per_step"] - plan.flops_per_step) <= 1e-9 * plan.flops_per_step
+
+
+@pytest.mark.parametrize("overrides", [[], ["lora.enabled=true", "reference.mode=lora_disabled", "lora.r=4"]])
+def test_repeated_scoring_forwards_are_planned_once_with_the_same_result(overrides, monkeypatch):
+    """d-OPSD's teacher runs one no-grad forward per recorded state: replayed (plan/replay.py), the plan's peaks and
+    FLOPs equal the plan that runs every forward (the old-policy / reference passes of LoRA's disabled adapters are
+    told apart)."""
+    import dare.plan.replay as replay
+    counted = []
+    original = replay.NoGradReplay._replay
+    monkeypatch.setattr(replay.NoGradReplay, "_replay", lambda self, seen: counted.append(1) or original(self, seen))
+    r = load_recipe(ROOT / "recipes/rl/d_opsd.yaml", ["train.batch_size=4", *overrides])
+    once = plan_recipe(r, PlanOptions(gpus=2, target="cpu"))
+    assert once.error is None, once.error
+    assert counted  # states x views of the same shapes
+    every = plan_recipe(r, PlanOptions(gpus=2, target="cpu", replay=False))
+    assert _peaks(once) == _peaks(every)
+    assert [p.breakdown for p in once.phases] == [p.breakdown for p in every.phases]
+    assert [p.flops for p in once.phases] == [p.flops for p in every.phases]

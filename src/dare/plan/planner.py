@@ -42,6 +42,7 @@ class PlanOptions:
     rollout_mfu: float = 0.10  # decoding steps are small and memory-bound
     target: str = "cuda"  # the optimizer's implementation follows the target device's default (foreach on CUDA)
     simulate: bool = True  # False: real tensors (validation)
+    replay: bool = True  # repeated no-grad scoring forwards of the same shapes simulated once (plan/replay.py)
     model: Optional[torch.nn.Module] = None  # a real model (simulate=False); default: built from the config
 
 
@@ -304,7 +305,7 @@ class _PhaseMeter:
             raise _StepPlanned  # further inner iterations repeat the first one's memory; their FLOPs are scaled
         self._reset_peak()
         self.current = name
-        counter = _FlopCount()
+        counter = self.counter = _FlopCount()
         with counter:
             yield
         res = self.results.setdefault(name, PhasePlan(name))
@@ -406,6 +407,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     from ..trainer.rl import rollout_share
     from .data import PlanTokenizer, SimulatedRollout
     from .models import meta_model
+    from .replay import replaying
     from .simulate import Simulation
 
     opts = options or PlanOptions()
@@ -458,7 +460,9 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         steps_taken = []
         built.optimizer.register_step_post_hook(lambda *a: steps_taken.append(1))
         try:
-            with (sim if sim is not None else contextlib.nullcontext()), tracker:
+            models = [built.model, getattr(built.reference, "module", None), *built.companions.modules().values()]
+            with (sim if sim is not None else contextlib.nullcontext()), tracker, \
+                    replaying(meter, tracker, models, enabled=opts.replay and sim is not None):
                 _prime_optimizers(built)
                 primed = len(steps_taken)
                 try:
