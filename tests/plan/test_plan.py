@@ -187,18 +187,32 @@ def test_full_size_recipe_fits_and_its_published_plan_is_current(rel):
 
 @pytest.mark.parametrize("overrides", [[], ["lora.enabled=true", "reference.mode=lora_disabled", "lora.r=4"]])
 def test_repeated_scoring_forwards_are_planned_once_with_the_same_result(overrides, monkeypatch):
-    """d-OPSD's teacher runs one no-grad forward per recorded state: replayed (plan/replay.py), the plan's peaks and
-    FLOPs equal the plan that runs every forward (the old-policy / reference passes of LoRA's disabled adapters are
-    told apart)."""
+    """d-OPSD's teacher runs one no-grad forward per recorded state and its update one forward + backward per state:
+    replayed (plan/replay.py), the plan's peaks, breakdowns and FLOPs equal the plan that runs every one of them (the
+    old-policy / reference passes of LoRA's disabled adapters are told apart)."""
     import dare.plan.replay as replay
     counted = []
     original = replay.NoGradReplay._replay
-    monkeypatch.setattr(replay.NoGradReplay, "_replay", lambda self, seen: counted.append(1) or original(self, seen))
-    r = load_recipe(ROOT / "recipes/rl/d_opsd.yaml", ["train.batch_size=4", *overrides])
+    monkeypatch.setattr(replay.NoGradReplay, "_replay",
+                        lambda self, seen: counted.append(self.meter.current) or original(self, seen))
+    r = load_recipe(ROOT / "recipes/rl/d_opsd.yaml", ["train.batch_size=4", "algorithm.inner_iterations=1", *overrides])
     once = plan_recipe(r, PlanOptions(gpus=2, target="cpu"))
     assert once.error is None, once.error
-    assert counted  # states x views of the same shapes
+    assert {"score", "update"} <= set(counted)  # teacher forwards and student forward + backward units
     every = plan_recipe(r, PlanOptions(gpus=2, target="cpu", replay=False))
     assert _peaks(once) == _peaks(every)
     assert [p.breakdown for p in once.phases] == [p.breakdown for p in every.phases]
+    assert [p.flops for p in once.phases] == [p.flops for p in every.phases]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes/rl").glob("*.yaml")))
+def test_replayed_plans_equal_plans_that_run_everything(recipe):
+    """Every RL method's tiny recipe: the plan with repeated forwards and units replayed (plan/replay.py) equals, to
+    the byte and the FLOP, the plan that runs every one of them."""
+    r = load_recipe(ROOT / recipe, ["train.batch_size=4"])
+    once = plan_recipe(r, PlanOptions(gpus=2, target="cpu"))
+    every = plan_recipe(r, PlanOptions(gpus=2, target="cpu", replay=False))
+    assert once.error == every.error
+    assert _peaks(once) == _peaks(every)
     assert [p.flops for p in once.phases] == [p.flops for p in every.phases]

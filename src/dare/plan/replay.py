@@ -7,14 +7,20 @@ TraceRL replay their traces. On fake tensors every one of them costs as much CPU
 forward frees what it made except its output. So in the **score** phase, a forward of a model whose inputs have the
 shapes of an earlier forward (tensor shapes and dtypes, the other arguments equal) is simulated once:
 
-* the first ``REAL_RUNS`` (2) run for real (on fake tensors); their transient memory -- the peak above what was
-  allocated when the forward began, per category -- and their FLOPs are kept. Two, because a module's first forward
-  can differ from the rest (measured on the tiny d-OPSD: its first teacher forward peaked 31 KB lower);
-* a later one allocates an output of their shapes, adds their FLOPs to the phase, and raises the phase's peak
-  wherever what is allocated at that moment plus the larger of their transients passes it.
+* the first ``REAL_RUNS`` (2) run for real (on fake tensors); the transient memory of each -- the peak above what
+  was allocated when it began, per category -- and its FLOPs are kept. Two, because the first can differ from the
+  rest (measured on the tiny d-OPSD: its first teacher forward peaked 31 KB lower; a unit's first backward allocates
+  the gradients that the others add to);
+* a later one allocates an output of the same shapes, adds the last real run's FLOPs to the phase, and raises the
+  phase's peak wherever what is allocated at that moment plus that run's transient passes it.
 
-Forwards with gradients (activations kept for the backward), with a KV cache (state the next forward reads) and
-every forward outside scoring (rollout probes, the update) always run. ``tests/plan/test_plan.py`` holds plans made
+The same holds in the **update** phase for the per-view forward + backward units of
+``dare.algorithms.common.scoring.backward_each_view`` (one graph alive at a time; d-OPSD distils one state per unit,
+TraceRL and d2 replay trace steps): after the step's first unit the gradients exist and every further unit adds to
+them in place, so a unit, too, leaves nothing behind but the loss value and metrics it returns.
+
+Other forwards with gradients (activations kept for a later backward), forwards with a KV cache (state the next
+forward reads) and the rollout probes always run. ``tests/plan/test_plan.py`` holds plans made
 this way equal to the published plans made without it.
 """
 from __future__ import annotations
@@ -27,10 +33,16 @@ import torch
 
 
 def _signature(value):
-    """What decides a forward's memory and FLOPs: tensors by shape / dtype / device, dataclasses (layouts, logits
-    requests) field by field, containers item by item, everything else by value."""
+    """What decides a forward's memory and FLOPs: tensors by shape / dtype / device, and a real (data) tensor of
+    bools or floats also by how many of its entries are non-zero (targets and weights decide how many rows are
+    gathered and scored: MDPO's views of one shape score different numbers of tokens); dataclasses (layouts, logits
+    requests, views) field by field, containers item by item, everything else by value."""
     if isinstance(value, torch.Tensor):
-        return ("T", tuple(value.shape), value.dtype, value.device.type)
+        from torch._subclasses.fake_tensor import FakeTensor
+        count = None
+        if not isinstance(value, FakeTensor) and (value.dtype == torch.bool or value.is_floating_point()):
+            count = int(torch.count_nonzero(value))
+        return ("T", tuple(value.shape), value.dtype, value.device.type, count)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return (type(value).__name__, tuple(_signature(getattr(value, f.name)) for f in dataclasses.fields(value)))
     if isinstance(value, (list, tuple)):
@@ -80,17 +92,19 @@ def _output_like(template):
 
 @dataclasses.dataclass
 class _Recorded:
-    output: object  # the output's _template
+    output: object  # what the run kept of its result (a forward's output _template; a unit's loss and metrics)
     flops: int
     transient: dict  # device -> {category: bytes above the call's start at its peak}; "Total" included
 
 
 class NoGradReplay:
-    """Installed on the models of a planned step (``install``); active while ``meter.current`` is the score phase.
+    """Installed on the models of a planned step (``install``). ``meter`` is the planner's phase meter (``current``
+    phase name, ``counter``: the phase's FLOP counter); ``tracker`` the memory tracker whose peak (``_peak_mem`` /
+    ``_peak_mem_snap`` per device over ``_curr_mem_snap``) the replays raise.
 
-    ``meter`` is the planner's phase meter (``current`` phase name, ``counter``: the phase's FLOP counter);
-    ``tracker`` the memory tracker whose peak (``_peak_mem`` / ``_peak_mem_snap`` per device over
-    ``_curr_mem_snap``) the replays raise."""
+    Two kinds of repetition: no-grad forwards of a model in the score phase (``_wrap``), and the per-view forward +
+    backward units of ``backward_each_view`` in the update phase (``unit``; after the first unit of a step the
+    gradients exist and each further one adds to them in place, so a unit too leaves nothing but what it returns)."""
 
     def __init__(self, meter, tracker):
         self.meter, self.tracker = meter, tracker
@@ -99,13 +113,16 @@ class NoGradReplay:
 
     @contextlib.contextmanager
     def install(self, modules):
+        from ..algorithms.common import scoring
         originals = []
         for m in {id(m): m for m in modules if m is not None}.values():
             originals.append((m, m.__dict__.get("forward")))
             m.forward = self._wrap(m, m.forward)
+        scoring.VIEW_RUNNER[0] = self.unit
         try:
             yield self
         finally:
+            scoring.VIEW_RUNNER[0] = None
             for m, original in originals:
                 if original is None:
                     del m.forward
@@ -122,15 +139,26 @@ class NoGradReplay:
             # LoRA's disabled adapters (the reference of lora_disabled) are another forward of the same module
             state = (module.training, torch.is_autocast_enabled(), tuple(m._disable_adapters for m in adapters[:1]))
             key = (id(module), state, _signature(args), _signature(kwargs))
-            runs = self.recorded.setdefault(key, [])
-            if len(runs) < REAL_RUNS:
-                out, run = self._first(forward, args, kwargs)
-                runs.append(run)
-                return out
-            return self._replay(runs)
+            return self._run(key, lambda: forward(*args, **kwargs), _template, _output_like)
         return replayable
 
-    def _first(self, forward, args, kwargs):
+    def unit(self, key, run: Callable):
+        """``backward_each_view``'s runner: a view's forward + backward (``run() -> (loss value, metrics)``)."""
+        if self.meter.current != "update":
+            return run()
+        return self._run(("unit", _signature(key)), run, lambda out: out, lambda out: out)
+
+    def _run(self, key, run: Callable, keep: Callable, again: Callable):
+        """``run()`` for the first ``REAL_RUNS`` calls of ``key``; then a replay of the last of them: ``again`` of
+        what ``keep`` kept of its result, its FLOPs, and the peak raised by its transient."""
+        runs = self.recorded.setdefault(key, [])
+        if len(runs) < REAL_RUNS:
+            out, recorded = self._measure(run, keep)
+            runs.append(recorded)
+            return out
+        return again(self._replay(runs[-1]))
+
+    def _measure(self, run: Callable, keep: Callable):
         t = self.tracker
         start = {dev: dict(snap) for dev, snap in t._curr_mem_snap.items()}
         saved_peak, saved_snap = dict(t._peak_mem), {dev: dict(s) for dev, s in t._peak_mem_snap.items()}
@@ -138,7 +166,7 @@ class NoGradReplay:
         t._peak_mem_snap = {dev: dict(snap) for dev, snap in start.items()}
         flops0 = self.meter.counter.get_total_flops()
         try:
-            out = forward(*args, **kwargs)
+            out = run()
         finally:
             within, within_snap = dict(t._peak_mem), {dev: dict(s) for dev, s in t._peak_mem_snap.items()}
             t._peak_mem, t._peak_mem_snap = saved_peak, saved_snap
@@ -147,13 +175,11 @@ class NoGradReplay:
                     t._peak_mem[dev], t._peak_mem_snap[dev] = peak, within_snap[dev]
         transient = {dev: {k: v - start.get(dev, {}).get(k, 0) for k, v in snap.items()}
                      for dev, snap in within_snap.items()}
-        return out, _Recorded(_template(out), self.meter.counter.get_total_flops() - flops0, transient)
+        return out, _Recorded(keep(out), self.meter.counter.get_total_flops() - flops0, transient)
 
-    def _replay(self, runs: list):
+    def _replay(self, seen: _Recorded):
         t = self.tracker
-        seen = runs[-1]
-        for dev in seen.transient:
-            extra = {k: max(r.transient.get(dev, {}).get(k, 0) for r in runs) for k in seen.transient[dev]}
+        for dev, extra in seen.transient.items():
             now = t._curr_mem_snap.get(dev)
             if now is None:
                 continue
@@ -162,7 +188,7 @@ class NoGradReplay:
                 t._peak_mem[dev], t._peak_mem_snap[dev] = snap["Total"], snap
         self.meter.counter.total += seen.flops
         self.replayed += 1
-        return _output_like(seen.output)
+        return seen.output
 
 
 def replaying(meter, tracker, modules, enabled: bool = True) -> Optional[contextlib.AbstractContextManager]:

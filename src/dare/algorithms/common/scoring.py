@@ -74,10 +74,19 @@ def backward_each_view(views: list[View], loss_of: Callable[[int, View], tuple[t
     (default ``{loss_key: 0.0}``) with the losses summed under ``loss_key`` and every metric under its name."""
     out = {loss_key: 0.0} if totals is None else totals
     for r, view in enumerate(views):
-        loss, metrics = loss_of(r, view)
-        if loss.requires_grad or not skip_constant:
-            (loss * loss_scale).backward()
-        out[loss_key] += float(loss.detach())
+        def unit(r=r, view=view):
+            loss, metrics = loss_of(r, view)
+            if loss.requires_grad or not skip_constant:
+                (loss * loss_scale).backward()
+            return float(loss.detach()), metrics
+        runner = VIEW_RUNNER[0]
+        value, metrics = unit() if runner is None else runner((loss_of.__code__, view), unit)
+        out[loss_key] += value
         for k, v in metrics.items():
             out[k] = out.get(k, 0.0) + v
     return out
+
+
+# Set by ``dare plan`` while it plans a step (``dare.plan.replay``): called as ``runner(key, unit)`` for each view's
+# forward + backward, it runs ``unit()`` or stands in for a unit of the same shapes that ran before. None otherwise.
+VIEW_RUNNER: list = [None]
