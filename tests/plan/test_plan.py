@@ -137,7 +137,7 @@ def test_plan_equals_two_gloo_processes(recipe, overrides):
 CACHED = ["recipes/sft_llada_8b.yaml", "recipes/lora_sft_llada_8b.yaml", "recipes/paper/llada_8b_instruct/d1_math.yaml",
           "recipes/paper/dream_7b_instruct/d1_code.yaml", "recipes/paper/sdar_8b_chat/d1_math.yaml",
           "recipes/paper/llada2_mini/coupled_grpo_math.yaml", "recipes/diffusion_gemma/sft_26b.yaml",
-          "recipes/paper/dream_7b_instruct/d2_stepmerge_math.yaml"]  # 92 replayed forwards and units (plan/replay.py)
+          "recipes/paper/dream_7b_instruct/d2_stepmerge_math.yaml"]  # 79 replayed forwards and units (plan/replay.py)
 
 
 def test_every_planned_full_size_recipe_fits_and_the_docs_count_the_rest():

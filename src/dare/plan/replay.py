@@ -1,27 +1,30 @@
-"""Repeated no-grad forwards of a scoring phase, planned once.
+"""Repeated forwards of a planned step, simulated until they repeat themselves and then replayed.
 
 Some methods score many forwards of the same shapes without gradients: d-OPSD's teacher runs one forward per
 recorded denoising state (a 256-step rollout: 256 states per sample, each a forward of the whole 7B model), d2 and
 TraceRL replay their traces. On fake tensors every one of them costs as much CPU as a real forward dispatches ops
 (an 8B forward is ~2 s here), while none of them can hold memory another one of the same shapes does not: a no-grad
 forward frees what it made except its output. So in the **score** phase, a forward of a model whose inputs have the
-shapes of an earlier forward (tensor shapes and dtypes, the other arguments equal) is simulated once:
+shapes of earlier ones (tensor shapes and dtypes, the non-zero count of boolean and float data, the other arguments
+equal) is not simulated again:
 
-* the first ``REAL_RUNS`` (2) run for real (on fake tensors); the transient memory of each -- the peak above what
-  was allocated when it began, per category -- and its FLOPs are kept. Two, because the first can differ from the
-  rest (measured on the tiny d-OPSD: its first teacher forward peaked 31 KB lower; a unit's first backward allocates
-  the gradients that the others add to);
-* a later one allocates an output of the same shapes, adds the last real run's FLOPs to the phase, and raises the
-  phase's peak wherever what is allocated at that moment plus that run's transient passes it.
+* it runs for real (on fake tensors) until two runs in a row agree: the same FLOPs and the same transient memory
+  (the peak above what was allocated when it began), per category. The first can differ from the rest (measured on
+  the tiny d-OPSD: its first teacher forward peaked 31 KB lower; a unit's first backward allocates the gradients
+  the others add to);
+* then a call allocates an output of the same shapes, adds the last real run's FLOPs to the phase, and raises the
+  phase's peak wherever what is allocated at that moment plus that run's transient passes it;
+* every ``CHECK_EVERY`` (8) replays one call runs for real again; if it disagrees, the key is never replayed again.
 
 The same holds in the **update** phase for the per-view forward + backward units of
 ``dare.algorithms.common.scoring.backward_each_view`` (one graph alive at a time; d-OPSD distils one state per unit,
 TraceRL and d2 replay trace steps): after the step's first unit the gradients exist and every further unit adds to
-them in place, so a unit, too, leaves nothing behind but the loss value and metrics it returns.
+them in place, so a unit, too, leaves nothing behind but the loss value and metrics it returns. A unit is keyed by
+its view's shapes only, since what it scores also comes from the batch's state; the agreement of real runs decides.
 
 Other forwards with gradients (activations kept for a later backward), forwards with a KV cache (state the next
-forward reads) and the rollout probes always run. ``tests/plan/test_plan.py`` holds plans made
-this way equal to the published plans made without it.
+forward reads) and the rollout probes always run. ``tests/plan/test_plan.py`` holds every RL method's tiny plan
+equal to its plan without replays, to the byte and the FLOP.
 """
 from __future__ import annotations
 
@@ -32,23 +35,24 @@ from typing import Callable, Optional
 import torch
 
 
-def _signature(value):
-    """What decides a forward's memory and FLOPs: tensors by shape / dtype / device, and a real (data) tensor of
-    bools or floats also by how many of its entries are non-zero (targets and weights decide how many rows are
-    gathered and scored: MDPO's views of one shape score different numbers of tokens); dataclasses (layouts, logits
-    requests, views) field by field, containers item by item, everything else by value."""
+def _signature(value, counts: bool = True):
+    """What decides a forward's memory and FLOPs: tensors by shape / dtype / device and (``counts``) a real (data)
+    tensor of bools or floats also by how many of its entries are non-zero (a padding mask decides whether a forward
+    builds a mask at all); dataclasses (layouts, logits requests, views) field by field, containers item by item,
+    everything else by value."""
     if isinstance(value, torch.Tensor):
         from torch._subclasses.fake_tensor import FakeTensor
         count = None
-        if not isinstance(value, FakeTensor) and (value.dtype == torch.bool or value.is_floating_point()):
+        if counts and not isinstance(value, FakeTensor) and (value.dtype == torch.bool or value.is_floating_point()):
             count = int(torch.count_nonzero(value))
         return ("T", tuple(value.shape), value.dtype, value.device.type, count)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, tuple(_signature(getattr(value, f.name)) for f in dataclasses.fields(value)))
+        return (type(value).__name__, tuple(_signature(getattr(value, f.name), counts)
+                                            for f in dataclasses.fields(value)))
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_signature(v) for v in value))
+        return (type(value).__name__, tuple(_signature(v, counts) for v in value))
     if isinstance(value, dict):
-        return ("dict", tuple(sorted((k, _signature(v)) for k, v in value.items())))
+        return ("dict", tuple(sorted((k, _signature(v, counts)) for k, v in value.items())))
     if isinstance(value, slice):
         return ("slice", value.start, value.stop, value.step)
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -56,7 +60,7 @@ def _signature(value):
     return (type(value).__name__, id(value))  # unknown objects: equal only to themselves
 
 
-REAL_RUNS = 2
+CHECK_EVERY = 8  # replays of a key between two real runs that check it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +92,14 @@ def _output_like(template):
     if isinstance(template, (list, tuple)):
         return type(template)(_output_like(v) for v in template)
     return template
+
+
+@dataclasses.dataclass
+class _KeyRecord:
+    last: Optional["_Recorded"] = None  # the last real run
+    agreed: bool = False  # its FLOPs and transient equal the real run before it
+    broken: bool = False  # a check after replays disagreed: this key is always run
+    since_check: int = 0  # replays since the last real run
 
 
 @dataclasses.dataclass
@@ -146,17 +158,26 @@ class NoGradReplay:
         """``backward_each_view``'s runner: a view's forward + backward (``run() -> (loss value, metrics)``)."""
         if self.meter.current != "update":
             return run()
-        return self._run(("unit", _signature(key)), run, lambda out: out, lambda out: out)
+        # Shapes only: what a unit scores comes from the batch's state as well as the view (d-OPSD's states mask
+        # different positions of one shape and score a fixed number of them; MDPO's steps score different numbers),
+        # so whether the key decides a unit is left to the agreement of real runs (``_run``).
+        return self._run(("unit", _signature(key, counts=False)), run, lambda out: out, lambda out: out)
 
     def _run(self, key, run: Callable, keep: Callable, again: Callable):
-        """``run()`` for the first ``REAL_RUNS`` calls of ``key``; then a replay of the last of them: ``again`` of
-        what ``keep`` kept of its result, its FLOPs, and the peak raised by its transient."""
-        runs = self.recorded.setdefault(key, [])
-        if len(runs) < REAL_RUNS:
-            out, recorded = self._measure(run, keep)
-            runs.append(recorded)
-            return out
-        return again(self._replay(runs[-1]))
+        """``run()`` until two real runs of ``key`` in a row agree (FLOPs and transient memory, per category); then
+        replays of the last one (``again`` of what ``keep`` kept of its result, its FLOPs, the peak raised by its
+        transient), with a real run every ``CHECK_EVERY`` calls: one that disagrees ends the key's replays."""
+        rec = self.recorded.setdefault(key, _KeyRecord())
+        if rec.agreed and not rec.broken and rec.since_check < CHECK_EVERY:
+            rec.since_check += 1
+            return again(self._replay(rec.last))
+        out, new = self._measure(run, keep)
+        if rec.last is not None:
+            same = new.flops == rec.last.flops and new.transient == rec.last.transient
+            rec.broken = rec.broken or (rec.agreed and not same)  # a check that found the key does not decide
+            rec.agreed = same
+        rec.last, rec.since_check = new, 0
+        return out
 
     def _measure(self, run: Callable, keep: Callable):
         t = self.tracker
