@@ -52,6 +52,9 @@ CONFIGS = [  # (label, recipe, overrides, processes)
      ["model.tiny_sizes.hidden_size=256", "model.gradient_checkpointing=true", "train.micro_batch_size=2",
       "train.batch_size=8"], 2),
     ("DiffusionGemma RL (canvas sampler, d1)", "recipes/diffusion_gemma/rl_tiny.yaml", [], 2),
+    ("DiffusionGemma SFT, sequence parallel 2", "recipes/diffusion_gemma/sft_tiny.yaml",
+     ["model.tiny_sizes.hidden_size=256", "train.micro_batch_size=2", "train.batch_size=8", "distributed.nproc=2",
+      "distributed.sequence_parallel=2"], 2),
 ]
 
 

@@ -14,7 +14,8 @@ equal) is not simulated again:
   the others add to);
 * then a call allocates an output of the same shapes, adds the last real run's FLOPs to the phase, and raises the
   phase's peak wherever what is allocated at that moment plus that run's transient passes it;
-* every ``CHECK_EVERY`` (8) replays one call runs for real again; if it disagrees, the key is never replayed again.
+* after ``CHECK_EVERY`` (8) replays one call runs for real again; if it disagrees, the key is never replayed again,
+  and each check that agrees doubles the replays before the next one (up to 64).
 
 The same holds in the **update** phase for the per-view forward + backward units of
 ``dare.algorithms.common.scoring.backward_each_view`` (one graph alive at a time; d-OPSD distils one state per unit,
@@ -60,7 +61,8 @@ def _signature(value, counts: bool = True):
     return (type(value).__name__, id(value))  # unknown objects: equal only to themselves
 
 
-CHECK_EVERY = 8  # replays of a key between two real runs that check it
+CHECK_EVERY = 8  # replays of a key before the first real run that checks it; each agreeing check doubles it
+MAX_CHECK_EVERY = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,7 @@ class _KeyRecord:
     agreed: bool = False  # its FLOPs and transient equal the real run before it
     broken: bool = False  # a check after replays disagreed: this key is always run
     since_check: int = 0  # replays since the last real run
+    interval: int = CHECK_EVERY  # replays between checks
 
 
 @dataclasses.dataclass
@@ -166,15 +169,18 @@ class NoGradReplay:
     def _run(self, key, run: Callable, keep: Callable, again: Callable):
         """``run()`` until two real runs of ``key`` in a row agree (FLOPs and transient memory, per category); then
         replays of the last one (``again`` of what ``keep`` kept of its result, its FLOPs, the peak raised by its
-        transient), with a real run every ``CHECK_EVERY`` calls: one that disagrees ends the key's replays."""
+        transient), checked by a real run after 8, 16, 32, 64, 64, ... replays: one that disagrees ends the key's
+        replays."""
         rec = self.recorded.setdefault(key, _KeyRecord())
-        if rec.agreed and not rec.broken and rec.since_check < CHECK_EVERY:
+        if rec.agreed and not rec.broken and rec.since_check < rec.interval:
             rec.since_check += 1
             return again(self._replay(rec.last))
         out, new = self._measure(run, keep)
         if rec.last is not None:
             same = new.flops == rec.last.flops and new.transient == rec.last.transient
             rec.broken = rec.broken or (rec.agreed and not same)  # a check that found the key does not decide
+            if rec.agreed and same:  # a check that agreed: the next one comes twice as late
+                rec.interval = min(2 * rec.interval, MAX_CHECK_EVERY)
             rec.agreed = same
         rec.last, rec.since_check = new, 0
         return out
