@@ -181,7 +181,8 @@ def main(argv=None) -> int:
     wanted = [rel for rel in recipes if args.only is None or any(fnmatch.fnmatch(rel, g) for g in args.only)]
     todo: dict[str, str] = {}
     for rel in wanted:
-        if args.force or keys[rel] not in cache["plans"]:
+        stored = cache["plans"].get(keys[rel])
+        if args.force or stored is None or stored["error"]:  # a plan that stopped with an error is planned again
             todo.setdefault(keys[rel], rel)
     print(f"{len(recipes)} full-size recipes, {len(set(keys.values()))} distinct steps, {len(todo)} to plan", flush=True)
     mine: dict = {}

@@ -109,7 +109,8 @@ class SimulatedRollout(RolloutStage):
 
     def _probe_config(self, sampler):
         # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
-        return dataclasses.replace(sampler, record_trajectory=False, rcr=False, editing_threshold=None)
+        return dataclasses.replace(sampler, record_trajectory=False, record_entropy=False, rcr=False,
+                                   editing_threshold=None)
 
     def decode(self, prompts, seeds, model, sampler, hints=None):
         # Inpainting hints (IGPO's second round) fix tokens without changing a forward's shape: planned as plain.
@@ -152,10 +153,12 @@ class SimulatedRollout(RolloutStage):
         blocks, spb = schedule(sampler, model.adapter)
         steps_total = blocks * spb
         trajectory = self._trajectory(comp, steps_total, model) if sampler.record_trajectory else None
+        # Distinct entropies per position, so an entropy-ranked step selection (EGSPO) picks as many steps as real.
+        entropy = torch.linspace(2.0, 0.1, G).repeat(N, 1) if sampler.record_entropy else None
         return Rollout(sequences=torch.cat([ids, comp], 1), attention_mask=torch.ones(N, P + G, dtype=torch.long),
                        prompt_length=P, completion_ids=comp, completion_mask=torch.ones(N, G, dtype=torch.long),
                        step_map=(torch.arange(G) * steps_total // G).repeat(N, 1), nfe=steps_total,
-                       prompt_index=torch.arange(N) // self.group, trajectory=trajectory,
+                       prompt_index=torch.arange(N) // self.group, trajectory=trajectory, entropy_map=entropy,
                        sample_index=torch.arange(N) % self.group, num_steps=torch.full((N,), steps_total),
                        seeds=None, stop_token_ids=(stop,))
 
