@@ -85,7 +85,8 @@ def save(cache: dict, mine: dict, keep=None) -> None:
     recipes into the same file); with ``keep``, only the plans of those shape keys."""
     if OUT_JSON.exists():
         disk = json.loads(OUT_JSON.read_text())
-        cache["plans"] = {**disk.get("plans", {}), **cache["plans"], **mine}
+        cache["plans"] = {**cache["plans"], **disk.get("plans", {}), **mine}  # what is on disk is newer than the
+        # plans this run read at its start (another run may have re-planned one of them since)
     if keep is not None:
         cache["plans"] = {k: v for k, v in cache["plans"].items() if k in keep}
     OUT_JSON.write_text(json.dumps(cache, indent=1, sort_keys=True))

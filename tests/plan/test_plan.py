@@ -105,6 +105,42 @@ def test_rl_plan_of_a_method_that_ranks_steps_by_rollout_entropy():
     assert [p.name for p in plan.phases] == ["rollout", "score", "update"] and all(p.flops > 0 for p in plan.phases)
 
 
+@pytest.mark.parametrize("family", ["llada", "llada2_moe"])
+def test_tree_rollouts_are_planned_from_the_leaves_decode(family):
+    """d-TreeRPO's tree pauses and resumes the sampler, which fake logits cannot finish (a block model's block never
+    did: its plans stopped with an error): the planned stage probes the leaves' width and hands the loop trees of the
+    real shape (levels, parents, masked tails), whose decoding FLOPs are the leaves' scaled by the tree's row-steps."""
+    import math
+    from dare.algorithms.dtreerpo import segments_batch
+    from dare.plan.data import SimulatedRollout
+    r = load_recipe(ROOT / "recipes/rl/dtreerpo.yaml", ["train.batch_size=4", f"model.path=tiny:{family}"])
+    plan = _planned(r, 1)
+    assert plan.error is None, plan.error
+    assert any("tree" in a for a in plan.assumptions)
+    trees = []
+    original = SimulatedRollout.decode_tree
+
+    def spy(self, *a, **k):
+        trees.append((original(self, *a, **k), self.decode_share, a[-2], a[-1]))
+        return trees[-1][0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SimulatedRollout, "decode_tree", spy)
+        assert _planned(r, 1).error is None
+    tree, share, branching, cuts = next(t for t in trees if t[0] is not None)
+    assert [len(lv.completion_ids) for lv in tree.levels] == [len(tree.levels[0].completion_ids) // branching[0]
+                                                              * math.prod(branching[:k + 1]) for k in range(len(branching))]
+    mask_ids = set()
+    for k, level in enumerate(tree.levels[:-1]):  # a paused level holds the tokens written before its cut only
+        written = level.step_map >= 0
+        assert (level.step_map[written] < cuts[k]).all() and (~written).any()
+        mask_ids |= set(level.completion_ids[~written].tolist())
+        child, up = tree.levels[k + 1], tree.parents[k + 1]  # a child extends its parent's tokens
+        assert (child.completion_ids[written[up]] == level.completion_ids[up][written[up]]).all()
+    assert len(mask_ids) == 1 and (tree.leaves.step_map >= 0).all() and 0 < share < 1
+    rows = segments_batch(tree, torch.zeros(len(tree.leaves.completion_ids)), torch.arange(4), mask_ids.pop(), None)
+    assert rows.size == sum(len(lv.completion_ids) for lv in tree.levels)
+
+
 def test_cli_json_and_exit_codes(tmp_path):
     cmd = [sys.executable, "-m", "dare.cli", "plan", "recipes/sft_tiny.yaml", "--gpus", "1", "--json"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

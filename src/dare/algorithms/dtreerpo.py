@@ -276,8 +276,6 @@ class DTreeRPO(GRPOAlgorithm):
 
     # --- (1) rollout, (2) reward -------------------------------------------------------------------------
     def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
-        from ..collectives import gathered_for_inference
-        from ..rollout import generate_tree
         rc = stage.recipe.rollout
         sampler, seeds, n = rc.sampler, stage.prompt_seeds(ctx, prompts), prompts.size
         chunk = rc.micro_batch_size or n  # prompts per tree call
@@ -286,9 +284,10 @@ class DTreeRPO(GRPOAlgorithm):
         for s in range(0, n, chunk):
             part = prompts.select(torch.arange(s, min(n, s + chunk)))
             t0 = time.perf_counter()
-            with gathered_for_inference(model):
-                tree = generate_tree(model, part["prompt_tokens"], sampler, self.config.branching, cuts,
-                                     seeds=seeds[s:s + chunk])
+            tree = stage.decode_tree(part["prompt_tokens"], seeds[s:s + chunk], model, sampler, self.config.branching,
+                                     cuts)
+            if tree is None:  # a planned step (dare.plan) decodes the trees of its first prompts only
+                continue
             t1 = time.perf_counter()
             leaves = tree.leaves
             rewards = stage.score(leaves.texts(stage.tokenizer),

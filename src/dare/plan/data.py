@@ -92,6 +92,25 @@ def _with_steps_per_block(sampler, adapter):
     raise ValueError(f"dare plan cannot probe a rollout with block_length={sampler.block_length} and one step per block")
 
 
+def _level(full, rows: torch.Tensor, per_prompt: int, cut, mask_id: int):
+    """Level of a simulated tree: rows ``rows`` (``per_prompt`` of each prompt) of the finished rollout ``full``,
+    with the tokens written at schedule step ``cut`` or later masked again (``cut`` None: the leaves, finished)."""
+    N = len(full.completion_ids)
+    picked = {f.name: getattr(full, f.name)[rows] for f in dataclasses.fields(full)
+              if isinstance(getattr(full, f.name), torch.Tensor) and getattr(full, f.name).dim()
+              and getattr(full, f.name).shape[0] == N}
+    picked["sample_index"] = torch.arange(len(rows)) % per_prompt
+    level = dataclasses.replace(full, **picked)
+    if cut is None:
+        return level
+    later = level.step_map >= cut
+    comp = level.completion_ids.masked_fill(later, mask_id)
+    P = level.prompt_length
+    return dataclasses.replace(level, completion_ids=comp, sequences=torch.cat([level.sequences[:, :P], comp], 1),
+                               step_map=level.step_map.masked_fill(later, -1), paused_at=(0, cut),
+                               finished=torch.zeros(len(rows), dtype=torch.bool))
+
+
 class SimulatedRollout(RolloutStage):
     """The recipe's rollout stage with the decoding loop replaced by its largest forwards.
 
@@ -106,6 +125,8 @@ class SimulatedRollout(RolloutStage):
     def __init__(self, recipe, tokenizer, env, vocab: int, on_probe, kept_prompts: int):
         super().__init__(recipe, tokenizer, env)
         self.vocab, self.on_probe, self.kept = vocab, on_probe, kept_prompts
+        self.decode_share = 1.0  # the decode's row-steps over the probed width's (a tree's trunk is shared)
+        self.tree_prompts = 0  # prompts a simulated tree rollout has handed out so far
 
     def _probe_config(self, sampler):
         # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
@@ -115,7 +136,6 @@ class SimulatedRollout(RolloutStage):
     def decode(self, prompts, seeds, model, sampler, hints=None):
         # Inpainting hints (IGPO's second round) fix tokens without changing a forward's shape: planned as plain.
         from ..collectives import gathered_for_inference
-        from ..rollout import generate
         if model.adapter.is_encoder_decoder:
             # The canvas sampler's passes stop adaptively and cannot pause (``steps_per_block``): plan the rest of
             # the step, and say that the decode itself is missing from the rollout's peak and FLOPs.
@@ -127,25 +147,72 @@ class SimulatedRollout(RolloutStage):
             with gathered_for_inference(model), real_data():
                 return self._completed(prompts, model, sampler)
         start, stop = rollout_share(len(seeds), self.env.sequence_group())  # a sequence-parallel group splits them
-        chunk = min(self.recipe.rollout.micro_batch_size or stop - start, stop - start)
+        self._probe(prompts["prompt_tokens"][start:stop], seeds[start:stop], model, sampler, self.group)
+        with real_data():
+            return self._completed(prompts, model, sampler)
+
+    def _probe(self, prompt_tokens, seeds, model, sampler, width: int):
+        """The decode's first steps on one ``rollout.micro_batch_size`` chunk, ``width`` rows per prompt."""
+        from ..collectives import gathered_for_inference
+        from ..rollout import generate
+        chunk = min(self.recipe.rollout.micro_batch_size or len(seeds), len(seeds))
         probe = self._probe_config(sampler)
         steps = (1, 2)
         if schedule(probe, model.adapter)[1] < 3:
             # The probe pauses inside the first block (its commits are lost on fake logits, so no block finishes):
             # with fewer than 3 scheduled steps per block, schedule 3 (or 2) of the same shapes for the probe.
             probe, steps = _with_steps_per_block(probe, model.adapter)
-        head = prompts["prompt_tokens"][start:start + chunk]
         with gathered_for_inference(model):
             for n_steps in steps:
                 with self.on_probe(n_steps):
-                    generate(model, head, probe, n=self.group, seeds=seeds[start:start + chunk], until_step=n_steps)
-        with real_data():
-            return self._completed(prompts, model, sampler)
+                    generate(model, prompt_tokens[:chunk], probe, n=width, seeds=seeds[:chunk], until_step=n_steps)
 
-    def _completed(self, prompts, model, sampler):
+    def decode_tree(self, prompt_tokens, seeds, model, sampler, branching, cut_steps):
+        """d-TreeRPO's tree: a tree's levels pause and resume the sampler (its commits are lost on fake logits, so no
+        block would finish): probe its widest level, the leaves (their first step refreshes every leaf's cache),
+        once, and hand the loop trees of full-length completions for the kept prompts (None once they are out).
+        Its decoding FLOPs are the leaves' decode scaled by the row-steps the tree runs (``decode_share``)."""
+        import math
+        from ..rollout.tree import TreeRollout
+        leaves = math.prod(branching)
+        if self.tree_prompts == 0:
+            from ..models.planning import active
+            sim = active()
+            if sim is not None:
+                sim.assume("rollout: a tree's levels are planned as the leaves' decode from its first step (every "
+                           "position masked; the leaves resume at a cut with fewer: an upper bound)")
+            self._probe(prompt_tokens, seeds, model, sampler, leaves)
+            blocks, spb = schedule(sampler, model.adapter)
+            bounds = [0, *cut_steps, blocks * spb]
+            rows = [math.prod(branching[:k + 1]) for k in range(len(branching))]
+            self.decode_share = sum(r * (b - a) for r, a, b in zip(rows, bounds, bounds[1:])) / (leaves * bounds[-1])
+        take = min(len(prompt_tokens), self.kept - self.tree_prompts)
+        if take <= 0:
+            return None
+        self.tree_prompts += take
+        with real_data():
+            full = self._completed({"prompt_tokens": prompt_tokens}, model, sampler, take, leaves)
+            comp = full.completion_ids
+            for k, cut in enumerate(cut_steps):  # a leaf's tokens before cut k are those of its level-k ancestor
+                per_leaf = math.prod(branching[k + 1:])
+                first = torch.arange(len(comp)) // per_leaf * per_leaf  # the first leaf under the same ancestor
+                comp = torch.where(full.step_map < cut, comp[first], comp)
+            full = dataclasses.replace(full, completion_ids=comp,
+                                       sequences=torch.cat([full.sequences[:, :full.prompt_length], comp], 1))
+            levels, parents = [], []
+            for k in range(len(branching)):
+                per_prompt, per_leaf = math.prod(branching[:k + 1]), math.prod(branching[k + 1:])
+                level = _level(full, torch.arange(take * per_prompt) * per_leaf, per_prompt,
+                               cut_steps[k] if k < len(cut_steps) else None, model.adapter.mask_token_id)
+                levels.append(level)
+                parents.append(level.prompt_index if k == 0 else torch.arange(take * per_prompt) // branching[k])
+            return TreeRollout(levels, parents, list(cut_steps), list(branching))
+
+    def _completed(self, prompts, model, sampler, kept=None, group=None):
         """A finished rollout of the kept prompts: every completion ``gen_length`` ordinary tokens."""
         from ..rollout.result import Rollout
-        ids = torch.tensor(prompts["prompt_tokens"][:self.kept], dtype=torch.long).repeat_interleave(self.group, 0)
+        kept, group = kept or self.kept, group or self.group
+        ids = torch.tensor(prompts["prompt_tokens"][:kept], dtype=torch.long).repeat_interleave(group, 0)
         N, P, G = ids.shape[0], ids.shape[1], sampler.gen_length
         avoid = special_ids(model.adapter)
         comp = torch.tensor([_tokens(G, self.vocab, avoid, 1000 + r) for r in range(N)], dtype=torch.long)
@@ -158,8 +225,8 @@ class SimulatedRollout(RolloutStage):
         return Rollout(sequences=torch.cat([ids, comp], 1), attention_mask=torch.ones(N, P + G, dtype=torch.long),
                        prompt_length=P, completion_ids=comp, completion_mask=torch.ones(N, G, dtype=torch.long),
                        step_map=(torch.arange(G) * steps_total // G).repeat(N, 1), nfe=steps_total,
-                       prompt_index=torch.arange(N) // self.group, trajectory=trajectory, entropy_map=entropy,
-                       sample_index=torch.arange(N) % self.group, num_steps=torch.full((N,), steps_total),
+                       prompt_index=torch.arange(N) // group, trajectory=trajectory, entropy_map=entropy,
+                       sample_index=torch.arange(N) % group, num_steps=torch.full((N,), steps_total),
                        seeds=None, stop_token_ids=(stop,))
 
     @staticmethod

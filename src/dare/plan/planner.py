@@ -486,7 +486,8 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             start, stop = rollout_share(planned.train.batch_size // env.dp_size, env.sequence_group())
             chunk = planned.rollout.micro_batch_size or (stop - start)
             chunks = math.ceil((stop - start) / chunk)
-            res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length)
+            res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length) \
+                * rollout.decode_share
             res.kv_cache_bytes = meter.kv_bytes
             res.seconds = res.flops / (opts.rollout_mfu * gpu.bf16_flops)
         else:

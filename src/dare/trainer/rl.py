@@ -263,6 +263,14 @@ class RolloutStage:
             return None
         return _merge(parts, model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id)
 
+    def decode_tree(self, prompt_tokens, seeds: list[int], model, sampler, branching, cut_steps):
+        """A tree rollout of ``prompt_tokens`` (``dare.rollout.generate_tree``: d-TreeRPO), weights gathered once.
+        A stage hook like ``decode``, so a planned step (``dare.plan``) can put its widest forwards in its place."""
+        from ..rollout import generate_tree
+        from ..collectives import gathered_for_inference
+        with gathered_for_inference(model):
+            return generate_tree(model, prompt_tokens, sampler, branching, cut_steps, seeds=seeds)
+
     def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[RLBatch, dict]:
         """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
         them; returns the RL batch."""
