@@ -82,13 +82,22 @@ def prompts(recipe, adapter, vocab: int, prompt_length: int) -> list:
 
 
 def _with_steps_per_block(sampler, adapter):
+    """A probe sampler of the same shapes with 3 (or 2) steps in the first block, the probed step counts, and the
+    share of a later step's FLOPs the real sampler runs: a block of one token (JustGRPO's left-to-right decoding of a
+    block model) is probed as the smallest block of 3+ tokens that divides the answer, whose cached steps run that
+    many queries (their FLOPs are scaled back by block_length / probed block; the first step is the prompt's)."""
     for spb, steps in ((3, (1, 2)), (2, (1,))):
         candidate = dataclasses.replace(sampler, steps=None, steps_per_block=spb)
         try:
             schedule(candidate, adapter)
-            return candidate, steps
+            return candidate, steps, 1.0
         except ValueError:  # more steps than the block has tokens
             continue
+    if adapter.is_block_causal:
+        for width in range(3, 9):
+            if sampler.gen_length % width == 0:
+                wide = dataclasses.replace(sampler, block_length=width, steps=None, steps_per_block=3)
+                return wide, (1, 2), sampler.block_length / width
     raise ValueError(f"dare plan cannot probe a rollout with block_length={sampler.block_length} and one step per block")
 
 
@@ -127,6 +136,7 @@ class SimulatedRollout(RolloutStage):
         self.vocab, self.on_probe, self.kept = vocab, on_probe, kept_prompts
         self.decode_share = 1.0  # the decode's row-steps over the probed width's (a tree's trunk is shared)
         self.tree_prompts = 0  # prompts a simulated tree rollout has handed out so far
+        self.step_share = 1.0  # a later decoding step's FLOPs over the probed one's (a widened one-token block)
 
     def _probe_config(self, sampler):
         # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
@@ -161,7 +171,7 @@ class SimulatedRollout(RolloutStage):
         if schedule(probe, model.adapter)[1] < 3:
             # The probe pauses inside the first block (its commits are lost on fake logits, so no block finishes):
             # with fewer than 3 scheduled steps per block, schedule 3 (or 2) of the same shapes for the probe.
-            probe, steps = _with_steps_per_block(probe, model.adapter)
+            probe, steps, self.step_share = _with_steps_per_block(probe, model.adapter)
         with gathered_for_inference(model):
             for n_steps in steps:
                 with self.on_probe(n_steps):

@@ -482,7 +482,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             continue
         if name_ == "rollout" and meter.probes:
             f1 = meter.probes.get(1, 0.0)
-            f2 = max(meter.probes[2] - f1, 0.0) if 2 in meter.probes else f1
+            f2 = (max(meter.probes[2] - f1, 0.0) if 2 in meter.probes else f1) * rollout.step_share
             start, stop = rollout_share(planned.train.batch_size // env.dp_size, env.sequence_group())
             chunk = planned.rollout.micro_batch_size or (stop - start)
             chunks = math.ceil((stop - start) / chunk)
