@@ -40,6 +40,15 @@ LR_DEPARTURES: dict[str, LrDeparture] = {
         "gained about as at the full ratio (0.544 / 0.567 / 0.598 against 0.550 / 0.591 / 0.599 from "
         "0.410; 200 held-out puzzles, docs/comparison.md).",
         ("lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft"), "docs/algorithms/dtreerpo.md"),
+    "egspo": LrDeparture(
+        0.5,
+        "at its paper ratio (30x Coupled-GRPO's lr: 3e-3 with LoRA r 128) the tiny LLaDA learned (0.542 +/- "
+        "0.022) but the tiny SDAR collapsed in the last update on two of three seeds: training reward ~0.78 "
+        "for ten steps, then 0.43 and 0.09 with a loss spike to 17.8, held-out 0.781 / 0.000 / 0.022 from "
+        "0.791 -- the failure d-TreeRPO had on SDAR at the same lr; at 1.5e-3 (factor 0.5) the same SDAR seeds "
+        "gained (0.839 / 0.854 / 0.849) and the LLaDA seeds gained more (0.571 / 0.577 / 0.591; 200 held-out puzzles, "
+        "docs/comparison.md).",
+        ("lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft"), "docs/comparison.md"),
     "justgrpo": LrDeparture(
         0.2,
         "at its paper ratio (5x Coupled-GRPO's lr: 5e-4 on the tiny LLaDA, full fine-tuning, no KL) the "
