@@ -101,23 +101,19 @@ def _with_steps_per_block(sampler, adapter):
     raise ValueError(f"dare plan cannot probe a rollout with block_length={sampler.block_length} and one step per block")
 
 
-def _level(full, rows: torch.Tensor, per_prompt: int, cut, mask_id: int):
+def _level(full, rows: torch.Tensor, per_prompt: int, cut, steps_per_block: int, mask_id: int):
     """Level of a simulated tree: rows ``rows`` (``per_prompt`` of each prompt) of the finished rollout ``full``,
     with the tokens written at schedule step ``cut`` or later masked again (``cut`` None: the leaves, finished)."""
-    N = len(full.completion_ids)
-    picked = {f.name: getattr(full, f.name)[rows] for f in dataclasses.fields(full)
-              if isinstance(getattr(full, f.name), torch.Tensor) and getattr(full, f.name).dim()
-              and getattr(full, f.name).shape[0] == N}
-    picked["sample_index"] = torch.arange(len(rows)) % per_prompt
-    level = dataclasses.replace(full, **picked)
+    level = dataclasses.replace(full.rows(rows), sample_index=torch.arange(len(rows)) % per_prompt)
     if cut is None:
         return level
     later = level.step_map >= cut
     comp = level.completion_ids.masked_fill(later, mask_id)
     P = level.prompt_length
     return dataclasses.replace(level, completion_ids=comp, sequences=torch.cat([level.sequences[:, :P], comp], 1),
-                               step_map=level.step_map.masked_fill(later, -1), paused_at=(0, cut),
-                               finished=torch.zeros(len(rows), dtype=torch.bool))
+                               step_map=level.step_map.masked_fill(later, -1),
+                               finished=torch.zeros(len(rows), dtype=torch.bool),
+                               paused_at=divmod(cut, steps_per_block))  # (block, step in block), as generate's
 
 
 class SimulatedRollout(RolloutStage):
@@ -185,6 +181,7 @@ class SimulatedRollout(RolloutStage):
         import math
         from ..rollout.tree import TreeRollout
         leaves = math.prod(branching)
+        blocks, spb = schedule(sampler, model.adapter)
         if self.tree_prompts == 0:
             from ..models.planning import active
             sim = active()
@@ -192,7 +189,6 @@ class SimulatedRollout(RolloutStage):
                 sim.assume("rollout: a tree's levels are planned as the leaves' decode from its first step (every "
                            "position masked; the leaves resume at a cut with fewer: an upper bound)")
             self._probe(prompt_tokens, seeds, model, sampler, leaves)
-            blocks, spb = schedule(sampler, model.adapter)
             bounds = [0, *cut_steps, blocks * spb]
             rows = [math.prod(branching[:k + 1]) for k in range(len(branching))]
             self.decode_share = sum(r * (b - a) for r, a, b in zip(rows, bounds, bounds[1:])) / (leaves * bounds[-1])
@@ -213,7 +209,7 @@ class SimulatedRollout(RolloutStage):
             for k in range(len(branching)):
                 per_prompt, per_leaf = math.prod(branching[:k + 1]), math.prod(branching[k + 1:])
                 level = _level(full, torch.arange(take * per_prompt) * per_leaf, per_prompt,
-                               cut_steps[k] if k < len(cut_steps) else None, model.adapter.mask_token_id)
+                               cut_steps[k] if k < len(cut_steps) else None, spb, model.adapter.mask_token_id)
                 levels.append(level)
                 parents.append(level.prompt_index if k == 0 else torch.arange(take * per_prompt) // branching[k])
             return TreeRollout(levels, parents, list(cut_steps), list(branching))

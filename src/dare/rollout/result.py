@@ -5,6 +5,7 @@ Its own module so the decode state (``state.py``) builds a ``Trajectory`` withou
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -68,6 +69,16 @@ class Rollout:
         stops = torch.tensor(self.stop_token_ids, dtype=self.completion_ids.dtype, device=self.completion_ids.device)
         hit = torch.isin(self.completion_ids, stops)
         return torch.where(hit.any(1), hit.float().argmax(1), torch.full_like(hit[:, 0], G, dtype=torch.long)).long()
+
+    def rows(self, idx: torch.Tensor) -> "Rollout":
+        """The rollout of rows ``idx`` (repeats allowed): every per-row tensor field indexed, the rest kept."""
+        N = self.completion_ids.shape[0]
+        picked = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == N:
+                picked[f.name] = v[idx]
+        return dataclasses.replace(self, **picked)
 
     def texts(self, tokenizer, skip_special_tokens: bool = True) -> list[str]:
         """Completions as text, cut at the first stop token (which is not included)."""

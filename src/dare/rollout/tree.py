@@ -52,14 +52,9 @@ def _carry(parent: Rollout, n: int) -> Rollout:
     """``parent``'s rows repeated ``n`` times without decoding (every row already finished)."""
     N = parent.completion_ids.shape[0]
     idx = torch.arange(N, device=parent.completion_ids.device).repeat_interleave(n)
-    fields = {}
-    for f in dataclasses.fields(parent):
-        v = getattr(parent, f.name)
-        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == N:
-            fields[f.name] = v[idx]
-    fields["sample_index"] = torch.arange(n, device=idx.device).repeat(N)
     seeds = [s for s in parent.seeds for _ in range(n)] if parent.seeds else parent.seeds
-    return dataclasses.replace(parent, **fields, nfe=0, seeds=seeds)
+    return dataclasses.replace(parent.rows(idx), sample_index=torch.arange(n, device=idx.device).repeat(N), nfe=0,
+                               seeds=seeds)
 
 
 @torch.no_grad()
