@@ -128,6 +128,7 @@ class Adjust:
     sampler: dict = field(default_factory=dict)
     merge_blocks_on: tuple = ()  # attention kinds where algorithm.shrink = steps per block (one transition per block)
     rollout_micro_batch: int = 0  # single-block masked models: prompts per generate() call per rank (0: all at once)
+    micro_batch_divisor: int = 1  # train.micro_batch_size = the task's / this (a method that batches its draws)
 
 
 ADJUST = {
@@ -167,9 +168,12 @@ ADJUST = {
                      "distils rollouts with cell accuracy >= 0.25, math clips at 0.04 (docs/algorithms/d_opsd.md)",
                      algorithm={"passk": 1}, sampler={"block_stop": False},
                      per_task={"sudoku": {"train_reward": 0.25}, "math": {"token_clip": 0.04}}),
-    "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku)",
+    "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku); "
+                  "train.micro_batch_size a quarter of the task's: SPG scores a micro-batch's 16 draws in one forward "
+                  "(16 sequences per forward at math, 32 at countdown), and at the task's micro-batch the 64-128 "
+                  "sequences' activations would not fit beside LLaDA2.0-mini's states (dare plan)",
                   per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
-                            "sudoku": {"eubo_beta": 1.0}}),
+                            "sudoku": {"eubo_beta": 1.0}}, micro_batch_divisor=4),
 }
 
 TEMPERATURE = 1.0  # rollout sampling temperature (most methods' rollouts; d1 uses 0.9)
@@ -245,6 +249,7 @@ def build(m: Model, name: str, task_name: str):
                      f"{task.gen_length}-token block's logits of all {BATCH_PROMPTS // GPUS} prompts per rank do not fit "
                      "80 GB (dare plan)")
     steps = math.ceil(task.rows / BATCH_PROMPTS)
+    micro = task.micro_batch // (adjust.micro_batch_divisor if adjust else 1)
     eval_sampler = sampler(m, kind, task, None, 0.0)  # every method is evaluated with the same greedy decoding
     recipe = {
         "model": {"path": m.path, "dtype": "float32", "gradient_checkpointing": True},
@@ -254,7 +259,7 @@ def build(m: Model, name: str, task_name: str):
         "reward": {"workers": task.reward_workers},
         "optim": {"lr": 1.0e-6, "betas": [0.9, 0.99], "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 10,
                   "grad_clip": 1.0},
-        "train": {"mixed_precision": "bf16", "steps": steps, "batch_size": BATCH_PROMPTS, "micro_batch_size": task.micro_batch,
+        "train": {"mixed_precision": "bf16", "steps": steps, "batch_size": BATCH_PROMPTS, "micro_batch_size": micro,
                   "save_every": 100, "eval_every": 100, "output_dir": f"runs/paper/{m.folder}/{name}_{task_name}"},
         "eval": {"benchmarks": list(task.eval_benchmarks), "limit": 64, "template": "reasoning", "sampler": eval_sampler},
         "distributed": {"nproc": GPUS, **({"grad_sync": m.grad_sync} if m.grad_sync != "last" else {})},

@@ -42,7 +42,7 @@ import torch
 from .base import StepContext
 from .batch import LogLik, RLBatch, View
 from .common.blocks import completion_blocks
-from .common.scoring import score_view
+from .common.scoring import score_views
 from .common.views import completion_view
 from .grpo import GRPOAlgorithm, GRPOConfig
 from .paper import PaperSettings
@@ -208,8 +208,9 @@ class SPG(GRPOAlgorithm):
         """Value ``[B, 2]``: column 0 the ELBO (positive branch), column 1 the negative-branch bound."""
         cfg = self.config
         logps, scored = [], []
-        for v in views:
-            lp, _ = score_view(model, v, ctx.chunk_size)
+        # One forward for all draws (``score_views``): num_t forwards of one graph would hold every layer's unsharded
+        # gradient under FSDP2 until the last draw's backward (LLaDA2.0-mini: 32.5 GiB per GPU, ``dare plan``).
+        for v, (lp, _) in zip(views, score_views(model, views, ctx.chunk_size)):
             logps.append(lp.gather(1, v.score_index))
             scored.append(v.targets.gather(1, v.score_index))
         logp, scored = torch.stack(logps), torch.stack(scored)

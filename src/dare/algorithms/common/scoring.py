@@ -2,11 +2,11 @@
 
 ``score_views`` batches the views of a differentiated loss (without gradients it scores one view per forward: a
 trajectory replay's dozens of views in one batch would multiply the scoring's activations). Why: a parameter that
-several forwards of one loss use gets its gradient from autograd only once
-all of them are differentiated, so each forward's partial gradient waits in autograd's buffer meanwhile; under FSDP2
-those are the *unsharded* gradients of every layer at once (LLaDA2.0-mini Coupled-GRPO's three views held 32.5 GiB
-of them per GPU, ``dare plan``), and FSDP2 reduce-scatters zeros for the earlier forwards. One batched forward also
-all-gathers each layer once instead of once per view. The forward's values are the same bits; the weight gradients
+several forwards of one loss use gets its gradient from autograd only once all of them are differentiated, so each
+forward's partial gradient waits in autograd's buffer meanwhile; under FSDP2 those are the *unsharded* gradients of
+every layer at once (per GPU, ``dare plan``: 32.5 GiB for LLaDA2.0-mini Coupled-GRPO's three views, as much for
+SPG's 16 draws), and FSDP2 reduce-scatters zeros for the earlier forwards. One batched forward also all-gathers each
+layer once instead of once per view. The forward's values are the same bits; the weight gradients
 sum over one GEMM instead of several (differences ~1e-7).
 
 ``backward_each_view`` is the other way round, for losses that are a sum over tokens each scored by exactly one view
