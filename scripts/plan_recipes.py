@@ -186,6 +186,8 @@ def main(argv=None) -> int:
         if args.force or stored is None or stored["error"]:  # a plan that stopped with an error is planned again
             todo.setdefault(keys[rel], rel)
     print(f"{len(recipes)} full-size recipes, {len(set(keys.values()))} distinct steps, {len(todo)} to plan", flush=True)
+    cache["recipes"] = {rel: keys[rel] for rel in recipes}  # saved with every plan: the tables rendered meanwhile
+    # (scripts/generate.py) list the recipes at their current settings, also when this run is stopped halfway
     mine: dict = {}
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for key, result in zip(todo, pool.map(plan_one, todo.values())):
@@ -193,7 +195,6 @@ def main(argv=None) -> int:
             print(f"  {todo[key]}: {gib(result['peak_bytes'])} GiB ({result['peak_phase']}), "
                   f"{'fits' if result['fits'] else 'DOES NOT FIT' if not result['error'] else result['error']}", flush=True)
             save(cache, mine)
-    cache["recipes"] = {rel: keys[rel] for rel in recipes}
     save(cache, mine, keep=set(keys.values()))  # plans of steps no recipe has any more (a recipe was edited) go
     for path, text in rendered(json.loads(OUT_JSON.read_text())).items():
         path.write_text(text)
