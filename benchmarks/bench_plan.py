@@ -101,8 +101,8 @@ def main() -> int:
             "| configuration | processes | phase | planned peak MiB | measured peak MiB | plan - measured | "
             "process RSS growth MiB (sanity check) |\n|---|---:|---|---:|---:|---:|---|\n" + "\n".join(rows) +
             f"\n\nLargest deviation: {worst:.2%} (goal: within 5 %); on the sequence-parallel rows {worst_sp:.2%} "
-            "(their scoring phase: the real run's FSDP all-gathers and the group's all-to-alls overlap differently from "
-            "run to run, docs/plan.md).\n\n"
+            "(their scoring phase: gloo frees a collective's buffers when its worker thread retires the work, and in some "
+            "real runs FSDP's all-gathered parameters are still held at the peak, docs/plan.md).\n\n"
             "The resident-memory column is a sanity check only: for these tiny models the step's tensors are a few MiB "
             "to tens of MiB while the process also grows by the libraries and code paths the first step loads and by "
             "the allocator's caches, so the growth is larger than the peak; it never is smaller, which would mean the "
