@@ -6,8 +6,10 @@
                                                     # table lists every recipe planned so far)
 
 Recipes whose planned step is the same (they differ only in data, evaluation, logging or step count: e.g. a paper
-cell's math and code recipes) share one plan. Results are cached in docs/plan_recipes.json, so a rerun re-plans only
-what changed (--force re-plans everything). The tables alone are re-rendered from that file, without planning, by
+cell's math and code recipes) share one plan. Results are cached in docs/plan_recipes.json with what each plan
+depended on (dare/plan/provenance.py: the recipe's shape key, the functions that ran, the files read, torch's
+version), so a rerun re-plans only what is missing or stale: a recipe edited, or code or a config it ran changed
+since (--force re-plans everything). tests/plan/test_plan_currency.py fails on a stale plan and names this command. The tables alone are re-rendered from that file, without planning, by
 `python scripts/generate.py` (``rendered()`` below), with every other generated artifact.
 """
 from __future__ import annotations
@@ -70,26 +72,67 @@ def shape_key(recipe) -> str:
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def plan_one(rel: str) -> dict:
+def plan_one(rel: str) -> tuple[dict, dict]:
+    """(the plan, what it depended on): run in a fresh process, so no cache warmed by another plan hides a
+    function this one relies on from the recording."""
     import torch
 
-    from dare.trainer.recipe import load_recipe
-    from dare.plan.planner import PlanOptions, plan_recipe
+    from dare.plan.provenance import recording
     torch.set_num_threads(1)
-    plan = plan_recipe(load_recipe(ROOT / rel), PlanOptions(), rel)
-    return plan.to_dict()
+    with recording() as record:  # from the recipe's loading on: its defaults and checks are code the plan ran
+        from dare.trainer.recipe import load_recipe
+        from dare.plan.planner import PlanOptions, plan_recipe
+        plan = plan_recipe(load_recipe(ROOT / rel), PlanOptions(), rel)
+    return plan.to_dict(), record
 
 
-def save(cache: dict, mine: dict, keep=None) -> None:
-    """Write the cache with this run's plans merged into what is on disk (another run may be planning other
-    recipes into the same file); with ``keep``, only the plans of those shape keys."""
+NO_RECORD = "no record"  # counts as a change of dare's own (provenance.is_own)
+
+
+def stale_plans(cache: dict) -> dict[str, dict[str, str]]:
+    """Shape key -> {what changed since the plan was made: one line}, for every stored plan that is not current (dare's
+    own code and files, torch's version, other packages' code); a plan stored without its record counts as stale."""
+    from dare.plan.provenance import Fingerprinter, load
+    fp, out = Fingerprinter(), {}
+    for key, plan in cache["plans"].items():
+        if "depends" not in plan or "provenance" not in cache:
+            out[key] = {NO_RECORD: "stored before plans recorded what they depend on"}
+            continue
+        changed = fp.changed(load(cache["provenance"], plan["depends"]))
+        if changed:
+            out[key] = changed
+    return out
+
+
+def _records(cache: dict) -> dict:
+    """Shape key -> record of every stored plan that has one."""
+    from dare.plan.provenance import load
+    return {k: load(cache["provenance"], p["depends"]) for k, p in cache["plans"].items() if "depends" in p}
+
+
+def save(cache: dict, mine: dict, records: dict, keep=None) -> None:
+    """Write the cache with this run's plans (``mine``, their ``records``) merged into what is on disk (another run
+    may be planning other recipes into the same file); with ``keep``, only the plans of those shape keys."""
+    from dare.plan.provenance import store
+    every = _records(cache)
     if OUT_JSON.exists():
         disk = json.loads(OUT_JSON.read_text())
-        cache["plans"] = {**cache["plans"], **disk.get("plans", {}), **mine}  # what is on disk is newer than the
-        # plans this run read at its start (another run may have re-planned one of them since)
+        if "provenance" in disk:
+            every.update(_records(disk))
+        cache["plans"] = {**cache["plans"], **disk.get("plans", {})}  # what is on disk is newer than the plans this
+        # run read at its start (another run may have re-planned one of them since)
+    cache["plans"].update(mine)
+    every.update(records)
     if keep is not None:
         cache["plans"] = {k: v for k, v in cache["plans"].items() if k in keep}
-    OUT_JSON.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    for plan in cache["plans"].values():
+        plan.pop("depends", None)
+    cache["provenance"], ranges = store({k: every[k] for k in cache["plans"] if k in every})
+    for k, r in ranges.items():
+        cache["plans"][k]["depends"] = r
+    tmp = OUT_JSON.with_suffix(".json.tmp")  # written beside and swapped: a reader never sees half a file
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    tmp.replace(OUT_JSON)
 
 
 def gib(n) -> str:
@@ -180,22 +223,28 @@ def main(argv=None) -> int:
     recipes = full_size_recipes()
     keys = {rel: shape_key(load_recipe(ROOT / rel)) for rel in recipes}
     wanted = [rel for rel in recipes if args.only is None or any(fnmatch.fnmatch(rel, g) for g in args.only)]
+    stale = stale_plans(cache)
     todo: dict[str, str] = {}
     for rel in wanted:
         stored = cache["plans"].get(keys[rel])
-        if args.force or stored is None or stored["error"]:  # a plan that stopped with an error is planned again
+        # a plan that stopped with an error is planned again, and one whose code or config changed since
+        if args.force or stored is None or stored["error"] or keys[rel] in stale:
             todo.setdefault(keys[rel], rel)
-    print(f"{len(recipes)} full-size recipes, {len(set(keys.values()))} distinct steps, {len(todo)} to plan", flush=True)
+    print(f"{len(recipes)} full-size recipes, {len(set(keys.values()))} distinct steps, {len(todo)} to plan "
+          f"({sum(k in stale for k in todo)} of them stale)", flush=True)
     cache["recipes"] = {rel: keys[rel] for rel in recipes}  # saved with every plan: the tables rendered meanwhile
     # (scripts/generate.py) list the recipes at their current settings, also when this run is stopped halfway
-    mine: dict = {}
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        for key, result in zip(todo, pool.map(plan_one, todo.values())):
-            mine[key] = result
+    mine, records = {}, {}
+    # Each plan in a fresh process (spawned, one task each): see plan_one.
+    import multiprocessing
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        for key, (result, record) in zip(todo, pool.map(plan_one, todo.values())):
+            mine[key], records[key] = result, record
             print(f"  {todo[key]}: {gib(result['peak_bytes'])} GiB ({result['peak_phase']}), "
                   f"{'fits' if result['fits'] else 'DOES NOT FIT' if not result['error'] else result['error']}", flush=True)
-            save(cache, mine)
-    save(cache, mine, keep=set(keys.values()))  # plans of steps no recipe has any more (a recipe was edited) go
+            save(cache, mine, records)
+    save(cache, mine, records, keep=set(keys.values()))  # plans of steps no recipe has any more (a recipe was edited) go
     for path, text in rendered(json.loads(OUT_JSON.read_text())).items():
         path.write_text(text)
     import make_paper_recipes  # the recipes' headers carry their planned peak

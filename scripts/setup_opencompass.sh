@@ -5,6 +5,9 @@
 # scripts/opencompass-constraints.txt (no resolver backtracking). Measured on 2 busy CPU cores: about 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One build at a time: scripts/test.sh starts it in the background and its test runs it again (then it waits here).
+exec 9>.venv-oc.lock
+flock 9
 PY=${PYTHON:-python3}
 if [ ! -x .venv-oc/bin/python ]; then
   "$PY" -m venv .venv-oc

@@ -43,11 +43,11 @@ def is_block_family(family: str) -> bool:
 
 def supported_families(algorithm: str, fast: tuple[str, ...]) -> list:
     """pytest params: every registered family whose attention kind ``algorithm`` supports (registry order), those not
-    in ``fast`` marked slow -- so a new family joins a method's end-to-end test without editing it."""
+    in ``fast`` in the integration tier -- so a new family joins a method's end-to-end test without editing it."""
     import pytest
 
     from dare.algorithms import get_algorithm, load_builtin_algorithms
     from dare.algorithms.matrix import families_of
     load_builtin_algorithms()
-    return [pytest.param(f, marks=() if f in fast else pytest.mark.slow)
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.integration)
             for f in families_of(get_algorithm(algorithm).supports)]

@@ -4,7 +4,7 @@ import pytest
 from tests.scripts import load_script
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_bench_methods_quick(capsys):
     mod = load_script("benchmarks/bench_methods.py")
     assert mod.main(["--quick"]) == 0

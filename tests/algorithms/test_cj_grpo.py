@@ -155,7 +155,7 @@ def test_trains_end_to_end_with_multi_block_ass(tmp_path):
         assert math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) and h["nfe"] == 4  # floor(log2 16) steps
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("ass_blocks", [1, 2])
 def test_learns_a_toy_reward(tmp_path, ass_blocks):
     rewards = learning_curve(tmp_path, "cj_grpo", "llada", "algorithm.inner_iterations=1", "algorithm.beta=0.0",

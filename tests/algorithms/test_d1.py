@@ -6,6 +6,7 @@ from dare.algorithms.d1 import D1Config
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
+from tests.threads import TEST_THREADS
                                            brute_force_logp, naive_block_causal_logp, row_blocks)
 from tests.algorithms.helpers import rl_batch
 
@@ -14,7 +15,7 @@ from tests.algorithms.helpers import rl_batch
 def _one_thread():
     # Tiny models: intra-op threads only spin on a shared 2-core machine.
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(before)
 
@@ -168,7 +169,7 @@ def test_supports_every_attention_kind_and_names_it_in_errors():
         algo.check_model(ctx.adapter)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["sdar", "llada2_moe"])
 def test_block_models_learn_a_toy_reward(tmp_path, family):
     """15 steps of recipes/d1_tiny.yaml on a block model: the toy '7' reward rises by more than 0.3 (from about 0.03)."""

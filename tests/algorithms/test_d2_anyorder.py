@@ -149,7 +149,7 @@ def test_advantages_use_the_unbiased_std_and_the_loss_is_the_token_mean():
     assert abs(m["ratio_mean"] - 1.0) < 1e-9 and abs(m["loss"] - expected.item()) < 1e-7
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", supported_families("d2_anyorder", fast=("llada",)))
 def test_learns_toy_reward(tmp_path, family):
     """Two tokens per step, as the authors' any-order sampler."""

@@ -174,7 +174,7 @@ def test_config_and_schedule_errors():
     assert fixed.prepare(ctx, batch).num_rounds == 2
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", supported_families("d2_stepmerge", fast=("llada",)))
 def test_learns_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "d2_stepmerge", family, "algorithm.beta=0.0")

@@ -1,6 +1,6 @@
 """d-OPSD (docs/algorithms/d_opsd.md): the recorded states, the teacher's self-future input and its cached top-k, the
 supervised positions, the clipped divergence, the correctness gate, pass@k, the teacher pass in the loop's stage, and
-learning on the toy reward (slow)."""
+learning on the toy reward (integration tier)."""
 import dataclasses
 from types import SimpleNamespace
 
@@ -359,7 +359,7 @@ def test_sampler_positions_are_the_tokens_the_step_wrote():
 TOY_SAMPLER = "{gen_length: 16, block_length: 4, steps: 8, temperature: 1.0, block_stop: false}"
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.xfail(strict=True, reason=(
     "the toy '7' reward does not rise on a random tiny model (measured, llada, 15 steps: first-5 mean 0.011, last-5 "
     "0.008 with gate 0.25 and pass@4; 0.010 -> 0.008 with gate 0.0625 and the policy teacher): the reward reaches the "
@@ -370,7 +370,7 @@ def test_learns_the_toy_reward(tmp_path):
                       "algorithm.fixed_teacher=false", sampler=TOY_SAMPLER)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", supported_families("d_opsd", fast=("llada",)))
 def test_learns_to_match_its_self_future_teacher(tmp_path, family):
     """What a tiny model can learn from d-OPSD: the student's KL to the frozen teacher that sees its own future falls

@@ -105,8 +105,8 @@ def test_zero_variance_groups_are_filtered_and_kl_is_to_the_reference():
     assert m["kl"] == 0.0 and abs(m["ratio_mean"] - 1.0) < 1e-6
 
 
-@pytest.mark.parametrize("family", ["sdar", pytest.param("sdar_moe", marks=pytest.mark.slow),
-                                    pytest.param("llada2_moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["sdar", pytest.param("sdar_moe", marks=pytest.mark.integration),
+                                    pytest.param("llada2_moe", marks=pytest.mark.integration)])
 def test_trains_end_to_end(tmp_path, family):
     hist = run_recipe(tmp_path, "dirl", family, "algorithm.filter_zero_variance=false")
     assert len(hist) == 2

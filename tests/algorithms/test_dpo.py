@@ -10,6 +10,7 @@ from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from dare.trainer.data import PreferenceSource, load_preference_pairs
 from dare.trainer.reference import CopyReference
+from tests.threads import TEST_THREADS
 from tests.trainer.helpers import TOY_PREF
 
 
@@ -17,7 +18,7 @@ from tests.trainer.helpers import TOY_PREF
 def _one_thread():
     # Tiny models: intra-op threads only spin on a shared 2-core machine.
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(before)
 

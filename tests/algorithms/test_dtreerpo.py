@@ -316,13 +316,13 @@ def test_recipe_defaults():
     assert DTreeRPOConfig().branching == [4, 4] and DTreeRPOConfig().inner_iterations == 12
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "dtreerpo", family, "algorithm.inner_iterations=2", "algorithm.beta=0.0")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_reproduce_one_process(tmp_path):
     from tests.algorithms.trajectory_helpers import assert_same_history, train_subprocess
     args = ["model.path=tiny:llada", "train.steps=2", "train.batch_size=2", "algorithm.trunks=2",

@@ -148,6 +148,6 @@ def test_recipe_defaults():
     assert isinstance(recipe.algorithm, EBPOConfig) and recipe.algorithm.num_mc == 16
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_learns_a_toy_reward(tmp_path):
     learns_toy_reward(tmp_path, "ebpo", "sdar", "algorithm.num_mc=4")

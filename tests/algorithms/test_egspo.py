@@ -238,7 +238,7 @@ def test_trains_end_to_end(tmp_path, name, family):
         assert h["step_entropy_rollout"] > 0 and ("step_reward" in h) == (name == "egspo_sa")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("name,family", [("egspo", "llada"), ("egspo_sa", "llada")])
 def test_learns_the_toy_reward(tmp_path, name, family):
     """Without the KL to the frozen start (beta 0): at the toy's lr (3e-3) the k3 penalty of the step log-probs holds

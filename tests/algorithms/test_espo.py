@@ -210,7 +210,7 @@ def test_noise_replays_per_iteration_and_microbatch():
                for s, x in zip(sub, a))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "espo", family, "algorithm.num_mc=2", "algorithm.beta=0.0")

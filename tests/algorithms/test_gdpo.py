@@ -166,7 +166,7 @@ def test_unknown_quadrature_is_an_error_naming_the_choices():
     assert quadrature_rule("simpson") == ([0.1, 0.5, 1.0], [1 / 6, 4 / 6, 1 / 6])
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "gdpo", family)

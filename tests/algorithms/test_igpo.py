@@ -267,7 +267,7 @@ def _replaced(run: Path) -> list[float]:
     return [json.loads(line)["igpo_replaced"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_igpo_learns_the_toy_reward_with_hinted_groups(tmp_path):
     """The toy '7' reward, correct = all sevens: every group starts all wrong, so each step decodes hinted rollouts
     (references made of sevens) and swaps in those that come out all sevens. Hints are never scored (default)."""
@@ -278,7 +278,7 @@ def test_igpo_learns_the_toy_reward_with_hinted_groups(tmp_path):
     assert sum(_replaced(run)) > 0, rewards  # the hinted round did give groups correct rollouts
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_igpo_with_scored_hints_learns_from_frequent_replacements(tmp_path):
     """The reference's treatment (hints masked and scored, top-entropy fifth kept) with correct = at least half
     sevens: every all-wrong group gets two hinted rollouts per step, and the policy learns the hinted sevens."""

@@ -203,7 +203,7 @@ def test_recipe_defaults():
     assert recipe.rollout.sampler.block_length == 1 and recipe.rollout.sampler.temperature == 1.0
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     # (the test's sampler has block length 4 / 8: JustGRPO decodes it left to right with block length 1). On SDAR the
@@ -234,7 +234,7 @@ def test_padding_views_score_nothing_and_keep_the_gradient_path(monkeypatch):
     algo.backward(ctx, model, batch, 0)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_reproduce_one_process(tmp_path):
     """Ranks hold different numbers of AR states (rows stop early): they agree on the number of forwards (FSDP) and
     the global normalisers make the 2-process losses equal the 1-process ones."""

@@ -3,7 +3,7 @@ supported cell trains (2 optimisation steps of ``dare train`` on a tiny model).
 
 Cells come from ``dare.algorithms.ALGORITHMS`` x ``dare.models.FAMILIES`` (attention kinds from the families' tiny
 configs), never from a hand list. The default suite runs the first registered family of each attention kind; the
-other families are marked slow.
+other families are in the integration tier.
 """
 import dataclasses
 import math
@@ -23,6 +23,7 @@ from dare.models import FAMILIES, tiny, tiny_tokenizer
 from dare.trainer.loop import Trainer
 from tests.algorithms.helpers import rl_batch
 from tests.algorithms.toy_task import one_thread, single_thread  # noqa: F401  (autouse fixture; registers the toy reward)
+from tests.threads import TEST_THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
 load_builtin_algorithms()
@@ -54,7 +55,7 @@ def _builtin_cells():
 
 def _cells():
     fast = _default_families()
-    return [pytest.param(a, f, id=f"{a}-{f}", marks=() if f in fast else pytest.mark.slow) for a, f in _builtin_cells()]
+    return [pytest.param(a, f, id=f"{a}-{f}", marks=() if f in fast else pytest.mark.integration) for a, f in _builtin_cells()]
 
 
 def _accepts_one_block(recipe, family: str) -> bool:
@@ -204,4 +205,4 @@ def test_cells_cover_the_registry_with_one_default_family_per_attention_kind():
     fast = {p.values[1] for p in params if not p.marks}
     assert {family_attention()[f] for f in fast} == set(ATTENTION_KINDS) and len(fast) == len(ATTENTION_KINDS)
     assert len(params) == sum(len(a.families) for a in algorithm_infos() if a.name in BUILTIN)
-    assert torch.get_num_threads() == 1  # the autouse fixture keeps tiny models single-threaded
+    assert torch.get_num_threads() == TEST_THREADS  # the autouse fixture keeps tiny models single-threaded

@@ -191,7 +191,7 @@ def test_trains_end_to_end(tmp_path, family):
         assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_learns_a_toy_reward(tmp_path):
     rewards = learning_curve(tmp_path, "mdpo", "llada", "algorithm.temperature=1.0", "algorithm.sample_train_steps=4",
                              "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0, "
@@ -288,7 +288,7 @@ def test_icfw_trains_on_the_selected_pool_and_resumes_with_it(tmp_path, monkeypa
     assert [h.get("curated_prompts") for h in resumed] == [h.get("curated_prompts") for h in hist[1:]]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_icfw_two_processes_select_the_same_pool_as_one(tmp_path):
     """Each rank tests half of the prompts (model gathered once for decoding); the pools are merged by an all-reduce."""
     from tests.algorithms.trajectory_helpers import train_subprocess

@@ -9,13 +9,14 @@ from dare.models import load_model, tiny, tiny_tokenizer
 from dare.trainer import stages
 from dare.trainer.data import SFTDoc, pack_first_fit, sft_rows_batch
 from tests.conftest import FIXTURES
+from tests.threads import TEST_THREADS
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
     # Tiny models: intra-op threads only spin on a shared 2-core machine.
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(before)
 
@@ -221,7 +222,7 @@ def _editing_decode_repairs(model, docs, seed, threshold=0.5):
 
 @pytest.mark.parametrize("edit_ratio,keep_weight,low,high", [
     (0.0, 0.0, None, 0.05),  # mask-only SFT never supervises a visible token: the wrong token stays (measured 0.00)
-    pytest.param(0.3, 0.0, 0.3, None, marks=pytest.mark.slow),  # edits, but right tokens get rewritten too (0.44)
+    pytest.param(0.3, 0.0, 0.3, None, marks=pytest.mark.integration),  # edits, but right tokens get rewritten too (0.44)
     (0.3, 1.0, 0.7, None),  # edits and keeps (measured 0.80)
 ])
 def test_editing_stream_teaches_the_model_to_repair_wrong_tokens(edit_ratio, keep_weight, low, high):

@@ -210,7 +210,7 @@ def test_trains_end_to_end(tmp_path, family):
         assert h["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # mu = 1: old := current
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_learns_a_toy_reward(tmp_path):
     rewards = learning_curve(tmp_path, "tracerl", "llada", "algorithm.shrink=8",
                              "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")
@@ -224,7 +224,7 @@ VARIABLE_STEPS = {  # threshold decoding: rows take very different numbers of st
 }
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("algo,family,extra", [("tracerl", "llada", "algorithm.shrink=1"),
                                                ("cj_grpo", "llada", "algorithm.inner_iterations=2"),
                                                ("dirl", "sdar", "algorithm.filter_zero_variance=false")])
@@ -252,7 +252,7 @@ def _rank_views(rank, world, port, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_ranks_agree_on_the_number_of_views():
     """Rank 0's samples need 3 rounds, rank 1's 5: both run 5 views (FSDP needs the same forwards on every rank)."""
     import socket

@@ -179,14 +179,14 @@ def test_value_model_is_checkpointed_and_resumes_exactly(tmp_path):
             assert a[key] == b[key], key
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_learns_a_toy_reward(tmp_path):
     rewards = learning_curve(tmp_path, "tracerl_with_value", "llada", "algorithm.shrink=8", "algorithm.value_lr=3e-3",
                              "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_reproduce_one_process(tmp_path):
     args = ["model.path=tiny:sdar", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
             "rollout.sampler={gen_length: 16, block_length: 4, steps_per_block: 4, remasking: dynamic, "

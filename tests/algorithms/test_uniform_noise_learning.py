@@ -1,4 +1,4 @@
-"""RL on the uniform-noise family (tiny DiffusionGemma) learns the toy '7' reward (slow): every RL method defined on it
+"""RL on the uniform-noise family (tiny DiffusionGemma) learns the toy '7' reward (integration tier): every RL method defined on it
 -- d1-style GRPO (one-step fully-noised canvas), Coupled-GRPO (complementary corruption sets), EBPO (sequence-level
 composite block ELBO), wd1, SPG, BGPO and ESPO.
 
@@ -33,7 +33,7 @@ def _uniform_noise_rl_methods() -> list[str]:
                   and c.__module__.startswith("dare.algorithms"))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("name", _uniform_noise_rl_methods())
 def test_diffusion_gemma_learns_a_toy_reward(tmp_path, name):
     recipe, overrides = SPEED.get(name, (None, []))

@@ -122,7 +122,7 @@ def test_recipe_defaults():
 # `dare train` for 2 steps on every supported family: tests/algorithms/test_matrix.py.
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "wd1", family, "algorithm.inner_iterations=2")

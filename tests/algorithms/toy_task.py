@@ -14,6 +14,7 @@ from dare.rewards import REWARDS, register_reward
 from dare.trainer.loop import Trainer
 from dare.trainer.recipe import load_recipe
 from tests.algorithms.helpers import is_block_family
+from tests.threads import TEST_THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def single_thread():
     """Tiny models are dominated by threading overhead: one intra-op thread is as fast alone and far faster when the
     machine is shared (measured 3 ms vs 100+ ms per forward under load with 2 threads)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     try:
         yield
     finally:

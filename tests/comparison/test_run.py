@@ -1,5 +1,5 @@
 """``dare compare`` (dare.comparison): the matched budget and paper settings of each run, the plan from the registry,
-the report's data and table, and a short comparison end to end (slow)."""
+the report's data and table, and a short comparison end to end (integration tier)."""
 import pytest
 
 from dare.quickstart.assets import get_checkpoint
@@ -64,7 +64,7 @@ def test_compare_plan_follows_the_registry_and_supports():
         plan(CompareOptions(algorithms=["no_such_algo"]))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_compare_runs_one_algorithm_and_writes_table_and_figure(tmp_path):
     from dare.comparison.run import CompareOptions, run_compare
 

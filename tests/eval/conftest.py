@@ -4,6 +4,8 @@ import torch
 from dare.models import tiny
 from dare.models.tokenizer import tiny_tokenizer
 
+from tests.threads import TEST_THREADS
+
 
 @pytest.fixture(scope="session")
 def tiny_tok():
@@ -19,6 +21,6 @@ def tiny_llada(tiny_tok):
 def one_thread():
     # The CI box has 2 shared cores; tiny models run fastest (and most predictably) on one thread.
     old = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(old)

@@ -71,7 +71,7 @@ def _samples(out, task):
     return sorted(out["samples"][task], key=lambda s: s["doc_id"])
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_simple_evaluate_through_the_harness_matches_dare(family, tmp_path, monkeypatch, one_thread):
     kind, ckpt, sampler = family
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

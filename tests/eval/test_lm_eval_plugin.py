@@ -34,7 +34,7 @@ def _tasks(tmp_path):
         "  max_gen_toks: 6\nmetric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_simple_evaluate_offline_on_local_tasks(tmp_path, monkeypatch, tiny_llada, tiny_tok, one_thread):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
@@ -69,7 +69,7 @@ def test_simple_evaluate_offline_on_local_tasks(tmp_path, monkeypatch, tiny_llad
     assert 0.0 <= out["results"]["dare_tiny_gen"]["exact_match,none"] <= 1.0
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_dare_eval_command_runs_lm_eval_tasks(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))

@@ -49,7 +49,7 @@ def _unpinned() -> list[str]:
                   if _normal(n) not in {"torch", "dare", "pip", "setuptools", "wheel"} and pins.get(_normal(n)) != v)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_opencompass_gsm8k_matches_dare_eval(tmp_path):
     subprocess.run(["bash", str(ROOT / "scripts" / "setup_opencompass.sh")], check=True, cwd=ROOT)
     assert _unpinned() == [], "installed in .venv-oc but not pinned by scripts/opencompass-constraints.txt"

@@ -20,7 +20,7 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sigkill_then_resume_gives_complete_results_without_duplicates(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     jsonl = tmp_path / "a" / "tiny-dream" / "sudoku.jsonl"

@@ -40,7 +40,7 @@ def test_frontier_marks_the_pareto_points_per_model_and_benchmark():
     assert "| a | x | t=0.9 | 50.0 | 2.00 | 10.0 | 5.0 | * |" in md and "| a | x | t=1.0 | 50.0 | 1.00 | 10.0 | 5.0 |  |" in md
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sweep_runs_every_setting_and_writes_the_frontier(tmp_path, one_thread):
     ckpt = str(get_checkpoint("lazy-sudoku-sdar-sft").path)
     out = tmp_path / "sweep"

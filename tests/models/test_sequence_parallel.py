@@ -27,7 +27,7 @@ def measured(tmp_path_factory):
     return tuple([json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_every_family_and_layout_was_measured(measured):
     zero, one = measured
     # fp64 + fp32: three cases per native family, a fourth for the four block-diffusion ones, two for DiffusionGemma
@@ -38,7 +38,7 @@ def test_every_family_and_layout_was_measured(measured):
         assert a == {**b, "rank": 0}
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_float64_log_probs_and_gradients_equal_within_1e_6(measured):
     for r in measured[0]:
         if r["dtype"] == "float64":
@@ -48,7 +48,7 @@ def test_float64_log_probs_and_gradients_equal_within_1e_6(measured):
             assert r["logp_diff"] <= 1e-6 and r["grad_diff"] <= 1e-6 * max(1.0, r["grad_scale"]), r
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_float32_log_probs_and_gradients_equal_to_rounding(measured):
     for r in measured[0]:
         if r["dtype"] == "float32":

@@ -87,7 +87,7 @@ def test_unknown_checkpoint_and_bad_override_fail_before_work(tmp_path):
     assert not (tmp_path / "b" / "rl").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_short_quickstart_writes_the_run_folder(tmp_path):
     """A short quickstart (few RL steps, few held-out puzzles): every artefact is there and reward did not collapse."""
     from dare.quickstart.pipeline import QuickstartOptions, run_quickstart
@@ -117,7 +117,7 @@ def test_short_quickstart_writes_the_run_folder(tmp_path):
         run_quickstart(QuickstartOptions(output_dir=str(run)), echo=lambda *a, **k: None)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_short_quickstart_from_the_block_checkpoint_uses_its_recipe(tmp_path):
     from dare.quickstart.pipeline import QuickstartOptions, run_quickstart
 

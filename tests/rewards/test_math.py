@@ -116,7 +116,7 @@ def test_bad_gold_is_a_clear_error():
         math_reward("\\boxed{1}", {"task": "math"})
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_bundled_gold_answers_score_as_answers():
     """Every MATH-500 / GSM8K gold, written as a model would, scores 1; another problem's gold scores 1
     only when the two golds are the same answer (and the string normaliser knows it)."""

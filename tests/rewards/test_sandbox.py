@@ -403,7 +403,7 @@ def test_code_extraction_and_program_assembly():
         build_program("x", {**gt, "entry_point": "a; import os"})
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_all_humaneval_canonical_solutions_pass():
     from dare.data import DataConfig, load_examples
     from dare.rewards import score_batch

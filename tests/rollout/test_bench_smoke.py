@@ -5,7 +5,7 @@ import pytest
 from tests.scripts import load_script
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_bench_rollout_quick(capsys):
     mod = load_script("benchmarks/bench_rollout.py")
     assert mod.main(["--quick", "--threads", "1"]) == 0

@@ -12,7 +12,7 @@ from tests.conftest import FIXTURES
 from tests.rollout.fixture_cases import load_cases
 from tests.rollout.test_fixture_parity import _check_tokens
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 CACHED = [c for c in load_cases("llada-tiny") if c.raw["required"] and c.config.cache in ("prefix", "dual")]
 

@@ -5,6 +5,8 @@ import torch
 from dare.models import tiny, tiny_tokenizer
 from dare.rollout import SamplerConfig, generate, generate_tree, resume, steps_per_block
 
+from tests.threads import TEST_THREADS
+
 PROMPTS = ("abc", "hello there friend")
 CONFIGS = {
     "llada": dict(gen_length=12, block_length=4, steps=12),
@@ -18,7 +20,7 @@ CONFIGS = {
 @pytest.fixture(autouse=True)
 def _one_thread():
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
     torch.set_num_threads(before)
 

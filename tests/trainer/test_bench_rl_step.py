@@ -50,7 +50,7 @@ def test_naive_pipeline_logits_equal_and_restores():
     assert DiffusionLM.forward is real_forward and scoring.score_targets is score_targets
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_bench_rl_step_quick(capsys):
     assert _bench().main(["--quick"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""SFT and LoRA of DiffusionGemma (NeMo AutoModel's objective) through dare's trainer; FSDP2 over 2 processes (slow)."""
+"""SFT and LoRA of DiffusionGemma (NeMo AutoModel's objective) through dare's trainer; FSDP2 over 2 processes (integration tier)."""
 import sys
 
 import pytest
@@ -74,7 +74,7 @@ def test_sft_trains_and_exports_in_the_published_layout(tmp_path):
         assert torch.allclose(again(ids, layout=layout).logits, trainer.model(ids, layout=layout).logits, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sft_loss_decreases_on_toy_data(tmp_path):
     recipe = sft_recipe(tmp_path, "train.steps=30", "train.batch_size=16", "model.tiny_sizes={hidden_size: 64, num_layers: 2}",
                         "algorithm.weighting=uniform", "algorithm.normalize=answer_tokens", "optim.lr=3e-3",
@@ -114,7 +114,7 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path):
     assert [h["loss"] for h in a] == pytest.approx([h["loss"] for h in b], rel=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("extra", [[], ["lora.enabled=true", "optim.lr=1e-2"]], ids=["full", "lora"])
 def test_fsdp2_two_processes_reproduce_one_process(tmp_path, extra):
     """FSDP2 over 2 CPU processes (gloo; encoder layer i and decoder layer i sharded as one unit) gives the losses

@@ -102,7 +102,7 @@ def test_a_directory_given_as_a_data_file_is_named_as_a_directory(tmp_path):
         load_examples(DataConfig(path=str(tmp_path / "missing.jsonl")))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_dare_train_on_a_60_mb_row_stops_in_one_line_with_bounded_memory(tmp_path):
     """The issue's reproduction: before, the row was tokenized in full (about 420 bytes per character) and the
     kernel killed the run; now it is a bad row at the reader (over the line cap) or before tokenisation."""

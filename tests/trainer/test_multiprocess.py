@@ -28,7 +28,7 @@ def _metrics(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["llada", "sdar_moe"])
 def test_two_processes_reproduce_one_process(tmp_path, family):
     args = [f"model.path=tiny:{family}", "train.steps=3", "train.batch_size=12", "train.micro_batch_size=1"]
@@ -40,7 +40,7 @@ def test_two_processes_reproduce_one_process(tmp_path, family):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
     args = ["train.steps=30", "train.save_every=4", "train.batch_size=8", "model.tiny_sizes={hidden_size: 32, num_layers: 1}"]
     straight = _train(tmp_path / "straight", *args)
@@ -65,7 +65,7 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_d1_two_processes_reproduce_one_process(tmp_path):
     # float64: each rank decodes half the prompts, i.e. other batch shapes; float32 rounding of those may flip a
     # near-tie token, which is not promised to be identical (docs/samplers.md). The seeds and schedules are.
@@ -79,7 +79,7 @@ def test_d1_two_processes_reproduce_one_process(tmp_path):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("extra", [["model.path=tiny:sdar"], ["lora.enabled=true", "reference.mode=auto", "optim.lr=1e-2"]],
                          ids=["vrpo-sdar", "lora-vrpo-llada"])
 def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
@@ -92,7 +92,7 @@ def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_grad_sync_every_micro_batch_gives_the_same_training(tmp_path):
     """distributed.grad_sync=every (reduce-scatter each micro-batch) sums the same gradients as the default."""
     args = ["model.path=tiny:llada", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1", "distributed.nproc=2"]

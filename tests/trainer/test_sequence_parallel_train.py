@@ -51,7 +51,7 @@ def _train(out, recipe, overrides, two: bool):
     return metrics, {p.name: json.loads(p.read_text()) for p in counts.iterdir() if p.suffix != ".pt"}, grads
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_processes_sequence_parallel_reproduce_one_process(tmp_path, case):
     recipe, overrides = CASES[case]

@@ -20,9 +20,15 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def shipped_configs() -> dict[str, dict]:
-    """Hub id -> {"config": config.json, "mask_token_id": id where the config carries none}."""
-    index = json.loads((CONFIG_DIR / "index.json").read_text())
-    return {hub_id: {"config": json.loads((CONFIG_DIR / e["file"]).read_text()), **e} for hub_id, e in index.items()}
+    """Hub id -> {"file": its config.json here, "mask_token_id": id where the config carries none}."""
+    return json.loads((CONFIG_DIR / "index.json").read_text())
+
+
+def shipped_config(hub_id: str) -> Optional[dict]:
+    """The shipped entry of ``hub_id`` with its "config" read (only that file: a plan depends on the config it
+    read, dare/plan/provenance.py), or None."""
+    entry = shipped_configs().get(hub_id)
+    return None if entry is None else {"config": json.loads((CONFIG_DIR / entry["file"]).read_text()), **entry}
 
 
 def _hub_config(hub_id: str) -> tuple[dict, Optional[Path]]:
@@ -50,7 +56,7 @@ def model_config(model_cfg) -> tuple[dict, Optional[int], str]:
         family = detect_family(cfg)
         mask = resolve_mask_token_id(cfg, folder, family, model_cfg.mask_token_id) if family.uses_mask_token else -1
         return cfg, mask, str(folder / "config.json")
-    shipped = shipped_configs().get(path)
+    shipped = shipped_config(path)
     if shipped is not None:
         cfg = shipped["config"]
         family = detect_family(cfg)
