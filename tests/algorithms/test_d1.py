@@ -6,9 +6,9 @@ from dare.algorithms.d1 import D1Config
 from dare.models import tiny, tiny_tokenizer
 from dare.trainer import stages
 from tests.algorithms.block_checks import (assert_future_blocks_invisible, assert_matches_brute_force, block_model,
-from tests.threads import TEST_THREADS
                                            brute_force_logp, naive_block_causal_logp, row_blocks)
 from tests.algorithms.helpers import rl_batch
+from tests.threads import TEST_THREADS
 
 
 @pytest.fixture(autouse=True)

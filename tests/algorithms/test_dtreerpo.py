@@ -323,6 +323,7 @@ def test_learns_a_toy_reward(tmp_path, family):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_two_processes_reproduce_one_process(tmp_path):
     from tests.algorithms.trajectory_helpers import assert_same_history, train_subprocess
     args = ["model.path=tiny:llada", "train.steps=2", "train.batch_size=2", "algorithm.trunks=2",

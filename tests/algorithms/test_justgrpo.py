@@ -235,6 +235,7 @@ def test_padding_views_score_nothing_and_keep_the_gradient_path(monkeypatch):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_two_processes_reproduce_one_process(tmp_path):
     """Ranks hold different numbers of AR states (rows stop early): they agree on the number of forwards (FSDP) and
     the global normalisers make the 2-process losses equal the 1-process ones."""

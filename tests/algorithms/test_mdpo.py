@@ -289,6 +289,7 @@ def test_icfw_trains_on_the_selected_pool_and_resumes_with_it(tmp_path, monkeypa
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_icfw_two_processes_select_the_same_pool_as_one(tmp_path):
     """Each rank tests half of the prompts (model gathered once for decoding); the pools are merged by an all-reduce."""
     from tests.algorithms.trajectory_helpers import train_subprocess

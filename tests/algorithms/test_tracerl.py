@@ -225,6 +225,7 @@ VARIABLE_STEPS = {  # threshold decoding: rows take very different numbers of st
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("algo,family,extra", [("tracerl", "llada", "algorithm.shrink=1"),
                                                ("cj_grpo", "llada", "algorithm.inner_iterations=2"),
                                                ("dirl", "sdar", "algorithm.filter_zero_variance=false")])
@@ -253,6 +254,7 @@ def _rank_views(rank, world, port, out):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_ranks_agree_on_the_number_of_views():
     """Rank 0's samples need 3 rounds, rank 1's 5: both run 5 views (FSDP needs the same forwards on every rank)."""
     import socket

@@ -187,6 +187,7 @@ def test_learns_a_toy_reward(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_two_processes_reproduce_one_process(tmp_path):
     args = ["model.path=tiny:sdar", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
             "rollout.sampler={gen_length: 16, block_length: 4, steps_per_block: 4, remasking: dynamic, "

@@ -23,6 +23,8 @@ SPEED = {
     "ebpo": (None, ["algorithm.num_mc=4"]),
     "wd1": (None, ["algorithm.beta=0.0"]),
     "espo": (None, ["algorithm.num_mc=2", "algorithm.beta=0.0"]),
+    "spg": (None, ["algorithm.num_t=2", "algorithm.inner_iterations=2"]),  # as its masked-family learning test
+    "bgpo": (None, ["algorithm.num_mc=4"]),  # as its block-family learning test
 }
 
 

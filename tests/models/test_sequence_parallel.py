@@ -28,6 +28,7 @@ def measured(tmp_path_factory):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_every_family_and_layout_was_measured(measured):
     zero, one = measured
     # fp64 + fp32: three cases per native family, a fourth for the four block-diffusion ones, two for DiffusionGemma
@@ -39,6 +40,7 @@ def test_every_family_and_layout_was_measured(measured):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_float64_log_probs_and_gradients_equal_within_1e_6(measured):
     for r in measured[0]:
         if r["dtype"] == "float64":
@@ -49,6 +51,7 @@ def test_float64_log_probs_and_gradients_equal_within_1e_6(measured):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_float32_log_probs_and_gradients_equal_to_rounding(measured):
     for r in measured[0]:
         if r["dtype"] == "float32":

@@ -167,6 +167,7 @@ def test_parse_bytes():
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("recipe,overrides", [
     ("recipes/sft_tiny.yaml", ["model.path=tiny:sdar"]),
     ("recipes/rl/coupled_grpo.yaml", []),

@@ -115,6 +115,7 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("extra", [[], ["lora.enabled=true", "optim.lr=1e-2"]], ids=["full", "lora"])
 def test_fsdp2_two_processes_reproduce_one_process(tmp_path, extra):
     """FSDP2 over 2 CPU processes (gloo; encoder layer i and decoder layer i sharded as one unit) gives the losses

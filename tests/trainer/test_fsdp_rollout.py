@@ -13,6 +13,7 @@ WORKER = ROOT / "tests" / "trainer" / "fsdp_rollout_worker.py"
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_threshold_decoding_with_unequal_step_counts_completes_under_fsdp():
     out = run_workers(WORKER, "gathered", timeout=240,
                       hang="rollout under FSDP hung: ranks with different step counts blocked in a collective")

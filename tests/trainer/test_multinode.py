@@ -50,6 +50,7 @@ def _same(one, many, keys):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("sharding,nproc", [("full", 1), ("hybrid", 2)])
 def test_sft_on_two_nodes_equals_one_process(tmp_path, sharding, nproc):
     args = ["model.path=tiny:llada", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1",
@@ -60,6 +61,7 @@ def test_sft_on_two_nodes_equals_one_process(tmp_path, sharding, nproc):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_rl_on_two_nodes_with_hybrid_sharding_equals_one_process(tmp_path):
     args = ["train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0", "model.dtype=float64",
             "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}", "distributed.sharding=hybrid"]

@@ -29,6 +29,7 @@ def _metrics(out):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("family", ["llada", "sdar_moe"])
 def test_two_processes_reproduce_one_process(tmp_path, family):
     args = [f"model.path=tiny:{family}", "train.steps=3", "train.batch_size=12", "train.micro_batch_size=1"]
@@ -66,6 +67,7 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_d1_two_processes_reproduce_one_process(tmp_path):
     # float64: each rank decodes half the prompts, i.e. other batch shapes; float32 rounding of those may flip a
     # near-tie token, which is not promised to be identical (docs/samplers.md). The seeds and schedules are.
@@ -80,6 +82,7 @@ def test_d1_two_processes_reproduce_one_process(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("extra", [["model.path=tiny:sdar"], ["lora.enabled=true", "reference.mode=auto", "optim.lr=1e-2"]],
                          ids=["vrpo-sdar", "lora-vrpo-llada"])
 def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
@@ -93,6 +96,7 @@ def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 def test_grad_sync_every_micro_batch_gives_the_same_training(tmp_path):
     """distributed.grad_sync=every (reduce-scatter each micro-batch) sums the same gradients as the default."""
     args = ["model.path=tiny:llada", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1", "distributed.nproc=2"]

@@ -52,6 +52,7 @@ def _train(out, recipe, overrides, two: bool):
 
 
 @pytest.mark.integration
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_processes_sequence_parallel_reproduce_one_process(tmp_path, case):
     recipe, overrides = CASES[case]
