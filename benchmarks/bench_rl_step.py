@@ -103,11 +103,13 @@ def naive_pipeline():
             m.score_targets = real_score_targets
 
 
-def mid_checkpoint(folder: Path) -> Path:
-    """A random LLaDA (hidden 256, 4 layers, MLP 768) with the quickstart tokenizer and a vocabulary of 8192."""
+def mid_checkpoint(folder: Path, quick: bool = False) -> Path:
+    """A random LLaDA (hidden 256, 4 layers, MLP 768; for --quick's smoke run hidden 128, 2 layers, MLP 384) with the
+    quickstart tokenizer and a vocabulary of 8192."""
     tok = load_tokenizer(QUICKSTART_MODEL)
-    model = tiny("llada", tokenizer=tok, seed=0, std=0.05, hidden_size=256, num_layers=4, num_heads=4,
-                 intermediate_size=768, vocab_size=8192)
+    hidden, layers = (128, 2) if quick else (256, 4)
+    model = tiny("llada", tokenizer=tok, seed=0, std=0.05, hidden_size=hidden, num_layers=layers, num_heads=4,
+                 intermediate_size=3 * hidden, vocab_size=8192)
     model.save_pretrained(folder, tokenizer=tok)
     return folder
 
@@ -116,9 +118,9 @@ def setups(tmp: Path, quick: bool) -> dict:
     common = ["logging.progress=false", "logging.tensorboard=false", "logging.plot=false", "train.export=false",
               "train.save_every=0", "train.eval_every=0"]
     quickstart = [f"model.path={QUICKSTART_MODEL}"] + (["train.batch_size=2", "rollout.group_size=4"] if quick else [])
-    mid_model = mid_checkpoint(tmp / "mid-model")
+    mid_model = mid_checkpoint(tmp / "mid-model", quick)
     gen, block = (32, 16) if quick else (64, 32)
-    mid = [f"model.path={mid_model}", "algorithm.inner_iterations=2", "rollout.group_size=8",
+    mid = [f"model.path={mid_model}", "algorithm.inner_iterations=2", f"rollout.group_size={4 if quick else 8}",
            f"train.batch_size={2 if quick else 4}", "train.micro_batch_size=32",
            f"rollout.sampler={{gen_length: {gen}, block_length: {block}, steps: {gen}, temperature: 1.0, "
            f"threshold: 0.9, cache: dual}}"]
@@ -173,7 +175,7 @@ def print_table(name: str, r: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller groups and generations, one repetition")
+    ap.add_argument("--quick", action="store_true", help="smaller groups, generations and mid model, one repetition (a smoke run)")
     ap.add_argument("--setups", default="quickstart,mid")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)

@@ -8,8 +8,9 @@
 Recipes whose planned step is the same (they differ only in data, evaluation, logging or step count: e.g. a paper
 cell's math and code recipes) share one plan. Results are cached in docs/plan_recipes.json with what each plan
 depended on (dare/plan/provenance.py: the recipe's shape key, the functions that ran, the files read, torch's
-version), so a rerun re-plans only what is missing or stale: a recipe edited, or code or a config it ran changed
-since (--force re-plans everything). tests/plan/test_plan_currency.py fails on a stale plan and names this command. The tables alone are re-rendered from that file, without planning, by
+version), so a rerun re-plans only what is missing, stale (a recipe edited, or code or a config it ran changed since)
+or stored without its record (--force re-plans everything). tests/plan/test_published_plans.py fails on a stale plan
+and names this command. The tables alone are re-rendered from that file, without planning, by
 `python scripts/generate.py` (``rendered()`` below), with every other generated artifact.
 """
 from __future__ import annotations
