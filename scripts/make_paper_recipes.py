@@ -53,10 +53,12 @@ def planned(rel: str) -> str:
         return (f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB); not planned yet: `dare plan {rel}` prints "
                 "its per-GPU peak memory and hours (docs/plan.md), `python scripts/plan_recipes.py` adds it to "
                 "docs/plan_recipes.md.")
+    steps = cache.get("steps", {}).get(rel, plan["steps"])  # this recipe's own run (its step may be shared)
+    hours = plan["seconds_per_step"] * steps / 3600
     return (f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB). Planned by `dare plan` (docs/plan_recipes.md): "
             f"peak {gib(plan['peak_bytes'])} GiB per GPU in {plan['peak_phase']} "
             f"({'fits' if plan['fits'] else 'does NOT fit'} the {gib(plan['budget'])} GiB budget), "
-            f"~{plan['hours']:.0f} h for {plan['steps']} steps at the stated MFU; full fine-tuning under FSDP2, bf16 "
+            f"~{hours:.0f} h for {steps} steps at the stated MFU; full fine-tuning under FSDP2, bf16 "
             "compute with gradient checkpointing, KL off (no reference copy).")
 
 

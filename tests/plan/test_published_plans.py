@@ -96,6 +96,26 @@ def test_every_planned_full_size_recipe_fits_and_the_docs_count_the_rest():
         assert "Not planned yet" not in doc
 
 
+def test_each_recipe_row_carries_its_own_run_length():
+    """Recipes that share a planned step (a paper cell's math and code recipes: 467 and 750 steps) each report the
+    hours of their own run: the step's time times the recipe's train.steps, in the table and in the recipe's header."""
+    cache = _cache()
+    rows = {line.split("`")[1]: line.split(" | ") for line in PLAN_RECIPES.OUT_MD.read_text().splitlines()
+            if line.startswith("| `recipes/")}
+    shared = 0
+    for rel, key in cache["recipes"].items():
+        plan = cache["plans"].get(key)
+        if plan is None or plan["error"]:
+            continue
+        steps = load_recipe(ROOT / rel).train.steps
+        shared += steps != plan["steps"]
+        hours = plan["seconds_per_step"] * steps / 3600
+        assert rows[rel][7] == f"{hours:.1f}", (rel, rows[rel][7], hours)
+        if rel.startswith("recipes/paper/"):
+            assert f"~{hours:.0f} h for {steps} steps" in (ROOT / rel).read_text(), rel
+    assert shared > 0  # the case this is about: a recipe whose step was planned from another recipe
+
+
 def test_full_size_sft_plan_llada_8b():
     """LLaDA-8B SFT over 8 GPUs from the shipped config.json: the shards are exactly 1/8 of the model (the published
     plan, current by the test above)."""
