@@ -99,9 +99,6 @@ def test_tree_rollouts_are_planned_from_the_leaves_decode(family):
     from dare.algorithms.dtreerpo import segments_batch
     from dare.plan.data import SimulatedRollout
     r = load_recipe(ROOT / "recipes/rl/dtreerpo.yaml", ["train.batch_size=4", f"model.path=tiny:{family}"])
-    plan = _planned(r, 1)
-    assert plan.error is None, plan.error
-    assert any("tree" in a for a in plan.assumptions)
     trees = []
     original = SimulatedRollout.decode_tree
 
@@ -109,8 +106,10 @@ def test_tree_rollouts_are_planned_from_the_leaves_decode(family):
         trees.append((original(self, *a, **k), self.decode_share, a[-2], a[-1]))
         return trees[-1][0]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(SimulatedRollout, "decode_tree", spy)
-        assert _planned(r, 1).error is None
+        mp.setattr(SimulatedRollout, "decode_tree", spy)  # only watches: the plan is the one made without it
+        plan = _planned(r, 1)
+    assert plan.error is None, plan.error
+    assert any("tree" in a for a in plan.assumptions)
     tree, share, branching, cuts = next(t for t in trees if t[0] is not None)
     assert [len(lv.completion_ids) for lv in tree.levels] == [len(tree.levels[0].completion_ids) // branching[0]
                                                               * math.prod(branching[:k + 1]) for k in range(len(branching))]
@@ -206,8 +205,10 @@ def test_repeated_scoring_forwards_are_planned_once_with_the_same_result(overrid
 
 # 12 Monte-Carlo samples instead of the recipes' 16 (their plans that run everything are the tier's costliest): a
 # repeated forward still runs, runs again and agrees, is replayed CHECK_EVERY = 8 times, is checked by a real run and
-# replayed after it, every step of plan/replay.py's schedule.
-REPLAY_FEWER_MC = {f"recipes/rl/{name}.yaml": ["algorithm.num_mc=12"] for name in ("espo", "ebpo", "bgpo")}
+# replayed after it, every step of plan/replay.py's schedule. Not BGPO: at 12 its replayed update counts 0.045 % more
+# FLOPs than the update that runs every unit (29,611,524,096 vs 29,598,154,752; at 16 they agree), a finding of
+# plan/replay.py left open (the CI note of issue 38).
+REPLAY_FEWER_MC = {f"recipes/rl/{name}.yaml": ["algorithm.num_mc=12"] for name in ("espo", "ebpo")}
 
 
 @pytest.mark.integration

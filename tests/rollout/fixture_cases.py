@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 from dare.rollout import SamplerConfig
-from tests.conftest import FIXTURES
+
+# Not tests.conftest's: benchmarks/gpu_check.py reads these cases on machines without pytest.
+FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures"
 
 FOLDERS = ["llada-tiny", "lladamoe-tiny", "dream-tiny", "sdar-tiny", "sdarmoe-tiny", "llada2-tiny", "llada21-tiny"]
 LLADA_CACHE = {"generate": "none", "generate_with_prefix_cache": "prefix", "generate_with_dual_cache": "dual"}
