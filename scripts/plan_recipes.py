@@ -2,7 +2,7 @@
 
     python scripts/plan_recipes.py                  # every full-size recipe not planned, stale or without a record
     python scripts/plan_recipes.py --workers 2      # in parallel processes (9 steps, recorded, took 29 minutes on 2
-                                                    # cores: 2-8 minutes per 7-8B step, DiffusionGemma-26B SFT 20)
+                                                    # cores: DiffusionGemma-26B SFT 20, the others about 5 each)
     python scripts/plan_recipes.py --only 'recipes/sft_*' 'recipes/paper/*/d1_math.yaml'   # a subset (the
                                                     # table lists every recipe planned so far)
 
