@@ -3,7 +3,7 @@ is True / False where the row is a check with a stated tolerance, absent where i
 one line why a part cannot run here."""
 from __future__ import annotations
 
-import copy
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +304,29 @@ def speed(ctx: Context) -> list[dict]:
 # --- 4. the plan against the real step ------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def phase_seconds(ctx: Context):
+    """Wall seconds per phase (rollout, score, update) of the steps planned meanwhile, the device synchronised at each
+    phase's ends: the planner's phase meter, timed."""
+    from dare.plan import planner
+    original = planner._PhaseMeter.__call__
+    times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(meter, name):
+        ctx.sync()
+        start = time.perf_counter()
+        with original(meter, name):
+            yield
+        ctx.sync()
+        times[name] = times.get(name, 0.0) + time.perf_counter() - start
+    planner._PhaseMeter.__call__ = timed
+    try:
+        yield times
+    finally:
+        planner._PhaseMeter.__call__ = original
+
+
 def plan_configs(quick: bool) -> list[tuple[str, str, list[str]]]:
     """(label, recipe, overrides) of the plan part's two one-GPU configurations."""
     if quick:
@@ -339,17 +362,14 @@ def plan(ctx: Context) -> list[dict]:
             from dare.models.loading import parse_dtype
             model = full_shape_model(recipe.model.path, ctx, dtype=parse_dtype(recipe.model.dtype) or torch.float32)
             torch.cuda.reset_peak_memory_stats(ctx.device)
-            start = time.perf_counter()
-            real = plan_recipe(recipe, PlanOptions(gpus=1, target="cuda", simulate=False, model=model)).to_dict()
-            ctx.sync()
-            seconds = time.perf_counter() - start
+            with phase_seconds(ctx) as seconds:
+                real = plan_recipe(recipe, PlanOptions(gpus=1, target="cuda", simulate=False, model=model)).to_dict()
             cuda_peak = torch.cuda.max_memory_allocated(ctx.device)
             del model
             torch.cuda.empty_cache()
         else:
-            start = time.perf_counter()
-            real = measure_here(recipe, PlanOptions(gpus=1, target="cpu"))
-            seconds = time.perf_counter() - start
+            with phase_seconds(ctx) as seconds:
+                real = measure_here(recipe, PlanOptions(gpus=1, target="cpu"))
         if real.get("error"):
             rows.append({"config": label, "phase": "-", "ok": False, "note": f"the real step failed: {real['error']}"})
             continue
@@ -360,7 +380,8 @@ def plan(ctx: Context) -> list[dict]:
             rows.append({"config": label, "phase": phase.name, "planned GiB": phase.peak_bytes / GIB,
                          "real GiB (tracker)": None if got is None else got / GIB, "deviation": dev,
                          "max allocated GiB (step)": None if cuda_peak is None else cuda_peak / GIB,
-                         "real step s (traced)": seconds, "ok": dev is not None and abs(dev) <= 0.05})
+                         "real s (under the trackers)": seconds.get(phase.name), "planned s (full step)": phase.seconds,
+                         "ok": dev is not None and abs(dev) <= 0.05})
         if cuda_peak is not None:
             rows.append({"config": label, "phase": "whole step vs max allocated", "planned GiB": planned.peak_bytes / GIB,
                          "max allocated GiB (step)": cuda_peak / GIB, "deviation": planned.peak_bytes / cuda_peak - 1})
