@@ -15,7 +15,6 @@ failed, else 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import platform
 import sys

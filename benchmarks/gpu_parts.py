@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -29,7 +29,6 @@ class Skip(Exception):
 class Context:
     device: torch.device
     quick: bool
-    _peak: Optional[float] = field(default=None, init=False)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -186,14 +185,14 @@ def full_shape_model(hub_id: str, ctx: Context, dtype=torch.bfloat16, attn_backe
     """The published architecture of ``hub_id`` (its config.json shipped with dare) with random weights on the device."""
     from dare.models.builder import build_model
     from dare.models.families import detect_family, get_family
-    from dare.plan.models import model_config
+    from dare.plan.models import meta_model, model_config
     from dare.trainer.recipe import ModelSection
-    cfg, mask_id, _ = model_config(ModelSection(path=hub_id))
-    shape = build_model(get_family(detect_family(cfg).name), cfg, mask_id if mask_id is not None else -1, init=False)
+    shape, _ = meta_model(ModelSection(path=hub_id))  # the planner's own build, on the meta device
     need = sum(p.numel() for p in shape.parameters()) * torch.finfo(dtype).bits // 8
     if need * 1.3 > ctx.free_bytes():
         raise Skip(f"{hub_id}: {need / GIB:.1f} GiB of {dtype} weights do not fit the {ctx.free_bytes() / GIB:.1f} "
                    "GiB free here")
+    cfg, mask_id, _ = model_config(ModelSection(path=hub_id))
     torch.manual_seed(0)
     model = build_model(get_family(detect_family(cfg).name), cfg, mask_id if mask_id is not None else -1,
                         dtype=dtype, device=ctx.device, attn_backend=attn_backend, init=True)

@@ -44,6 +44,15 @@ def _plans() -> dict:
     return json.loads(PLANS.read_text()) if PLANS.exists() else {}
 
 
+def run_hours(cache: dict, rel: str) -> tuple[float, int]:
+    """(hours, steps) of one recipe's whole run (``cache``: docs/plan_recipes.json): its planned step's time times its
+    own step count. Recipes that share a step (a paper cell's math and code recipes) may train for different numbers
+    of steps; the plan stores the time and steps of the recipe it was made from."""
+    plan = cache["plans"][cache["recipes"][rel]]
+    steps = cache.get("steps", {}).get(rel, plan["steps"])
+    return plan["seconds_per_step"] * steps / 3600, steps
+
+
 def planned(rel: str) -> str:
     """The header line of a recipe's planned resources (docs/plan_recipes.json), or how to get them."""
     from dare.plan.report import gib
@@ -53,8 +62,7 @@ def planned(rel: str) -> str:
         return (f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB); not planned yet: `dare plan {rel}` prints "
                 "its per-GPU peak memory and hours (docs/plan.md), `python scripts/plan_recipes.py` adds it to "
                 "docs/plan_recipes.md.")
-    steps = cache.get("steps", {}).get(rel, plan["steps"])  # this recipe's own run (its step may be shared)
-    hours = plan["seconds_per_step"] * steps / 3600
+    hours, steps = run_hours(cache, rel)
     return (f"# Full size: {GPUS} GPUs x {GPU_MEM_GB} GB (A100/H100 80GB). Planned by `dare plan` (docs/plan_recipes.md): "
             f"peak {gib(plan['peak_bytes'])} GiB per GPU in {plan['peak_phase']} "
             f"({'fits' if plan['fits'] else 'does NOT fit'} the {gib(plan['budget'])} GiB budget), "

@@ -141,15 +141,6 @@ def gib(n) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def run_hours(cache: dict, rel: str) -> tuple[float, int]:
-    """(hours, steps) of one recipe's whole run: its planned step's time times its own step count. Recipes that share
-    a step (a paper cell's math and code recipes) may train for different numbers of steps; the plan stores the time
-    and steps of the recipe it was made from."""
-    plan = cache["plans"][cache["recipes"][rel]]
-    steps = cache.get("steps", {}).get(rel, plan["steps"])
-    return plan["seconds_per_step"] * steps / 3600, steps
-
-
 def render(rows: list[tuple[str, dict, float]]) -> str:
     lines = ["| recipe | model | GPUs | peak GiB / GPU | set by | rollout / score / update GiB | FLOPs / step / GPU | "
              "h / run at the stated MFU | fits 80 GB |", "|---|---|---:|---:|---|---|---:|---:|---|"]
@@ -208,6 +199,7 @@ def rendered(cache: dict) -> dict[Path, str]:
     docs/plan_recipes.md in full and docs/paper_recipes.md with its resources section replaced. The recipe list and
     each recipe's shape key are the ones stored with the plans (``cache["recipes"]``), so this reads no recipe; the
     recipes' own headers are rendered by make_paper_recipes.py from the same file. scripts/generate.py calls this."""
+    from make_paper_recipes import run_hours  # scripts/ is on the path (main, scripts/generate.py)
     keys = cache.get("recipes", {})
     recipes = sorted(keys)  # full_size_recipes() order: sorted paths
     plans = cache.get("plans", {})

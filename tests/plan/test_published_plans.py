@@ -23,9 +23,15 @@ def _cache() -> dict:
     return json.loads(PLAN_RECIPES.OUT_JSON.read_text())
 
 
+@functools.lru_cache(maxsize=None)
+def _recipe(rel: str):
+    """A recipe as it is now (read once per process: the checks below read all 283)."""
+    return load_recipe(ROOT / rel)
+
+
 def _published(rel: str) -> dict:
     cache = _cache()
-    key = PLAN_RECIPES.shape_key(load_recipe(ROOT / rel))
+    key = PLAN_RECIPES.shape_key(_recipe(rel))
     assert key in cache["plans"], f"{rel} is not planned in docs/plan_recipes.json: run {REFRESH}"
     return cache["plans"][key]
 
@@ -79,7 +85,7 @@ def test_every_planned_full_size_recipe_fits_and_the_docs_count_the_rest():
     cache = _cache()
     planned, unplanned_paper, failing = [], [], []
     for rel in PLAN_RECIPES.full_size_recipes():
-        plan = cache["plans"].get(PLAN_RECIPES.shape_key(load_recipe(ROOT / rel)))
+        plan = cache["plans"].get(PLAN_RECIPES.shape_key(_recipe(rel)))
         if plan is None:
             unplanned_paper += [rel] if rel.startswith("recipes/paper/") else []
             continue
@@ -107,7 +113,7 @@ def test_each_recipe_row_carries_its_own_run_length():
         plan = cache["plans"].get(key)
         if plan is None or plan["error"]:
             continue
-        steps = load_recipe(ROOT / rel).train.steps
+        steps = _recipe(rel).train.steps
         shared += steps != plan["steps"]
         hours = plan["seconds_per_step"] * steps / 3600
         assert rows[rel][7] == f"{hours:.1f}", (rel, rows[rel][7], hours)
