@@ -34,3 +34,23 @@ def pytest_collection_modifyitems(config, items):
                 raise pytest.UsageError(f"{item.nodeid}: a multiprocess test belongs to the integration tier "
                                         "(mark it @pytest.mark.integration too)")
             item.add_marker(pytest.mark.xdist_group("multiprocess"))
+
+
+def pytest_collection_finish(session):
+    """On a pytest-xdist worker with ``--dist loadgroup``, the group must have reached the test ids (xdist appends
+    "@group" to them): a pytest that ignores the rewrite would silently run multi-process tests side by side."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("multiprocess") and not item.nodeid.endswith("@multiprocess")]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group {lost[0]} (and {len(lost) - 1} more): "
+                                "this pytest/pytest-xdist pair ignores xdist groups (pyproject.toml pins pytest < 9.2)")
+
+
+@pytest.fixture(scope="session")
+def two_process_runs(request, tmp_path_factory):
+    """``two_process_runs(case)`` -> (one process, two processes) results of a registered case
+    (tests/trainer/two_processes.py); the selected tests' cases are all trained by one launch per side."""
+    from tests.trainer.two_processes import Runs, wanted_cases
+    return Runs(wanted_cases(request.session.items), tmp_path_factory.mktemp("two_processes"))

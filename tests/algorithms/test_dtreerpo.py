@@ -12,6 +12,7 @@ from dare.rollout import SamplerConfig, generate, generate_tree
 from dare.trainer import stages
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import run_recipe
+from tests.trainer.two_processes import register, same_history, trajectory_case
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("abc", "hello there")
@@ -322,13 +323,15 @@ def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "dtreerpo", family, "algorithm.inner_iterations=2", "algorithm.beta=0.0")
 
 
+TWO_PROCESS = register({"dtreerpo_llada": trajectory_case(
+    "dtreerpo", "model.path=tiny:llada", "train.steps=2", "train.batch_size=2", "algorithm.trunks=2",
+    "algorithm.branch_factor=2", "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")})
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-def test_two_processes_reproduce_one_process(tmp_path):
-    from tests.algorithms.trajectory_helpers import assert_same_history, train_subprocess
-    args = ["model.path=tiny:llada", "train.steps=2", "train.batch_size=2", "algorithm.trunks=2",
-            "algorithm.branch_factor=2", "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}"]
-    one = train_subprocess(tmp_path, tmp_path / "one", "dtreerpo", *args)
-    two = train_subprocess(tmp_path, tmp_path / "two", "dtreerpo", *args, "distributed.nproc=2")
-    assert any(abs(a["loss"]) > 1e-6 for a in one)
-    assert_same_history(one, two, ("reward_mean", "segments", "loss", "grad_norm", "sd_kl"))
+@pytest.mark.parametrize("case", TWO_PROCESS)
+def test_two_processes_reproduce_one_process(two_process_runs, case):
+    first, second = two_process_runs(case)
+    assert any(abs(a["loss"]) > 1e-6 for a in first.metrics)
+    same_history(first.metrics, second.metrics, ("reward_mean", "segments", "loss", "grad_norm", "sd_kl"))

@@ -13,6 +13,7 @@ from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, rl_batch
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
+from tests.trainer.two_processes import register, same_history, trajectory_case
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -234,17 +235,19 @@ def test_padding_views_score_nothing_and_keep_the_gradient_path(monkeypatch):
     algo.backward(ctx, model, batch, 0)
 
 
+TWO_PROCESS = register({"justgrpo_llada": trajectory_case(
+    "justgrpo", "model.path=tiny:llada", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
+    "rollout.sampler={gen_length: 8, block_length: 1, steps: 8, temperature: 1.0}", "algorithm.tokens_per_forward=200")})
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-def test_two_processes_reproduce_one_process(tmp_path):
+@pytest.mark.parametrize("case", TWO_PROCESS)
+def test_two_processes_reproduce_one_process(two_process_runs, case):
     """Ranks hold different numbers of AR states (rows stop early): they agree on the number of forwards (FSDP) and
     the global normalisers make the 2-process losses equal the 1-process ones."""
-    from tests.algorithms.trajectory_helpers import assert_same_history, train_subprocess
-    args = ["model.path=tiny:llada", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
-            "rollout.sampler={gen_length: 8, block_length: 1, steps: 8, temperature: 1.0}",
-            "algorithm.tokens_per_forward=200"]
-    one = train_subprocess(tmp_path, tmp_path / "one", "justgrpo", *args)
-    two = train_subprocess(tmp_path, tmp_path / "two", "justgrpo", *args, "distributed.nproc=2")
+    first, second = two_process_runs(case)
+    one, two = first.metrics, second.metrics
     assert any(abs(a["loss"]) > 1e-6 for a in one)
-    assert all(a["completion_len"] == b["completion_len"] for a, b in zip(one, two))
-    assert_same_history(one, two, ("loss", "entropy", "grad_norm", "ratio_mean"))
+    assert len(one) == len(two) == 2 and all(a["completion_len"] == b["completion_len"] for a, b in zip(one, two))
+    same_history(one, two, ("loss", "entropy", "grad_norm", "ratio_mean"))

@@ -10,6 +10,7 @@ from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
+from tests.trainer.two_processes import register, trajectory_case
 
 
 def test_step_advantage_formula_on_a_hand_made_reward_sequence():
@@ -288,15 +289,18 @@ def test_icfw_trains_on_the_selected_pool_and_resumes_with_it(tmp_path, monkeypa
     assert [h.get("curated_prompts") for h in resumed] == [h.get("curated_prompts") for h in hist[1:]]
 
 
+TWO_PROCESS = register({"mdpo_icfw_llada": trajectory_case(
+    "mdpo", "train.steps=2", "train.batch_size=4", "rollout.group_size=4", "algorithm.icfw=true",
+    "algorithm.icfw_temperature=1.0", "algorithm.icfw_correct=0.04")})
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-def test_icfw_two_processes_select_the_same_pool_as_one(tmp_path):
+@pytest.mark.parametrize("case", TWO_PROCESS)
+def test_icfw_two_processes_select_the_same_pool_as_one(two_process_runs, case):
     """Each rank tests half of the prompts (model gathered once for decoding); the pools are merged by an all-reduce."""
-    from tests.algorithms.trajectory_helpers import train_subprocess
-    args = ["train.steps=2", "train.batch_size=4", "rollout.group_size=4", "algorithm.icfw=true",
-            "algorithm.icfw_temperature=1.0", "algorithm.icfw_correct=0.04"]
-    one = train_subprocess(tmp_path, tmp_path / "one", "mdpo", *args)
-    two = train_subprocess(tmp_path, tmp_path / "two", "mdpo", *args, "distributed.nproc=2")
+    first, second = two_process_runs(case)
+    one, two = first.metrics, second.metrics
     assert one[0]["curated_prompts"] == two[0]["curated_prompts"] > 0
     # Step 1 trains on the same prompts of the pool, so it has the same rollouts. (MDPO's update itself differs with
     # the number of ranks -- each rank picks its own top steps, docs/algorithms/mdpo.md -- so later steps differ.)

@@ -8,8 +8,8 @@ from dare.algorithms.tracerl import TraceRLConfig
 from dare.diffusion.logprob import score_targets
 from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, is_block_family, supported_families
-from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
-                                                train_subprocess)
+from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, run_recipe, setup
+from tests.trainer.two_processes import register, same_history, trajectory_case
 
 
 def _prepared(algo, ctx, batch, model=None, micro=100):
@@ -224,22 +224,26 @@ VARIABLE_STEPS = {  # threshold decoding: rows take very different numbers of st
 }
 
 
+TWO_PROCESS = register({
+    f"{algo}_{family}": trajectory_case(algo, f"model.path=tiny:{family}", "train.steps=2", "train.batch_size=4",
+                                        "rollout.group_size=4", VARIABLE_STEPS[family], extra)
+    for algo, family, extra in [("tracerl", "llada", "algorithm.shrink=1"),
+                                ("cj_grpo", "llada", "algorithm.inner_iterations=2"),
+                                ("dirl", "sdar", "algorithm.filter_zero_variance=false")]})
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("algo,family,extra", [("tracerl", "llada", "algorithm.shrink=1"),
-                                               ("cj_grpo", "llada", "algorithm.inner_iterations=2"),
-                                               ("dirl", "sdar", "algorithm.filter_zero_variance=false")])
-def test_two_processes_reproduce_one_process(tmp_path, algo, family, extra):
+@pytest.mark.parametrize("case", TWO_PROCESS)
+def test_two_processes_reproduce_one_process(two_process_runs, case):
     """Ranks hold samples with different numbers of rounds / steps: they agree on the number of views (FSDP) and
     the global normalisers make the 2-process losses equal the 1-process ones."""
-    args = [f"model.path=tiny:{family}", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
-            VARIABLE_STEPS[family], extra]
-    one = train_subprocess(tmp_path, tmp_path / "one", algo, *args)
-    two = train_subprocess(tmp_path, tmp_path / "two", algo, *args, "distributed.nproc=2")
+    first, second = two_process_runs(case)
+    one, two = first.metrics, second.metrics
     assert any(abs(a["loss"]) > 1e-6 for a in one)  # a real learning signal, not an all-zero loss
     # the same rollouts on 1 or 2 ranks
-    assert all(a["completion_len"] == b["completion_len"] for a, b in zip(one, two))
-    assert_same_history(one, two, ("loss", "entropy", "grad_norm", "ratio_mean"))
+    assert len(one) == len(two) == 2 and all(a["completion_len"] == b["completion_len"] for a, b in zip(one, two))
+    same_history(one, two, ("loss", "entropy", "grad_norm", "ratio_mean"))
 
 
 def _rank_views(rank, world, port, out):

@@ -10,8 +10,8 @@ from dare.algorithms.value import ValueModel, trace_returns_advantages
 from dare.models import LogitsRequest
 from dare.trainer import stages
 from tests.algorithms.helpers import is_block_family, supported_families
-from tests.algorithms.trajectory_helpers import (assert_same_history, learning_curve, replay_batch, run_recipe, setup,
-                                                train_subprocess)
+from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, run_recipe, setup
+from tests.trainer.two_processes import register, same_history, trajectory_case
 
 
 def reference_gae(reward, values, steps, gamma, lam):
@@ -186,13 +186,16 @@ def test_learns_a_toy_reward(tmp_path):
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2, rewards
 
 
+TWO_PROCESS = register({"tracerl_value_sdar": trajectory_case(
+    "tracerl_with_value", "model.path=tiny:sdar", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
+    "rollout.sampler={gen_length: 16, block_length: 4, steps_per_block: 4, remasking: dynamic, "
+    "threshold: 0.011, temperature: 1.0}", "algorithm.value_lr=1e-2")})
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-def test_two_processes_reproduce_one_process(tmp_path):
-    args = ["model.path=tiny:sdar", "train.steps=2", "train.batch_size=4", "rollout.group_size=4",
-            "rollout.sampler={gen_length: 16, block_length: 4, steps_per_block: 4, remasking: dynamic, "
-            "threshold: 0.011, temperature: 1.0}", "algorithm.value_lr=1e-2"]
-    one = train_subprocess(tmp_path, tmp_path / "one", "tracerl_with_value", *args)
-    two = train_subprocess(tmp_path, tmp_path / "two", "tracerl_with_value", *args, "distributed.nproc=2")
-    assert any(abs(a["value_loss"]) > 1e-6 for a in one)
-    assert_same_history(one, two, ("loss", "value_loss", "value_mean", "value_grad_norm", "grad_norm"))
+@pytest.mark.parametrize("case", TWO_PROCESS)
+def test_two_processes_reproduce_one_process(two_process_runs, case):
+    first, second = two_process_runs(case)
+    assert any(abs(a["value_loss"]) > 1e-6 for a in first.metrics)
+    same_history(first.metrics, second.metrics, ("loss", "value_loss", "value_mean", "value_grad_norm", "grad_norm"))

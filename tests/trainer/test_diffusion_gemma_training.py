@@ -13,7 +13,8 @@ from dare.models.lora import adapters_disabled, has_lora
 from dare.trainer.data import SFTDoc, sft_rows_batch
 from dare.trainer.loop import Trainer
 from tests.conftest import FIXTURES
-from tests.trainer.helpers import sft_recipe
+from tests.trainer.helpers import TOY_SFT, sft_recipe
+from tests.trainer.two_processes import Case, register, same_history
 
 FOLDER = FIXTURES / "diffusiongemma-tiny"
 
@@ -114,21 +115,23 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path):
     assert [h["loss"] for h in a] == pytest.approx([h["loss"] for h in b], rel=1e-5)
 
 
+DG_SFT = ("model.path=tiny:diffusion_gemma", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1",
+          "algorithm.weighting=uniform", "algorithm.normalize=answer_tokens", f"data.pairs={TOY_SFT}")
+FSDP2_CASES = register({"fsdp2_diffusion_gemma": Case("recipes/sft_tiny.yaml", DG_SFT),
+                        "fsdp2_lora_diffusion_gemma": Case("recipes/sft_tiny.yaml",
+                                                           (*DG_SFT, "lora.enabled=true", "optim.lr=1e-2"))})
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("extra", [[], ["lora.enabled=true", "optim.lr=1e-2"]], ids=["full", "lora"])
-def test_fsdp2_two_processes_reproduce_one_process(tmp_path, extra):
+@pytest.mark.parametrize("case", FSDP2_CASES)
+def test_fsdp2_two_processes_reproduce_one_process(two_process_runs, case):
     """FSDP2 over 2 CPU processes (gloo; encoder layer i and decoder layer i sharded as one unit) gives the losses
     and gradient norms of one process."""
-    from tests.trainer.test_multiprocess import _train
-    args = ["model.path=tiny:diffusion_gemma", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1",
-            "algorithm.weighting=uniform", "algorithm.normalize=answer_tokens", *extra]
-    one = _train(tmp_path / "one", *args)
-    two = _train(tmp_path / "two", *args, "distributed.nproc=2")
-    assert len(one) == len(two) == 3
-    for x, y in zip(one, two):
-        for key in ("loss", "grad_norm", "ar_loss"):
-            assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x, y)
+    one, two = two_process_runs(case)
+    assert len(one.metrics) == len(two.metrics) == 3
+    same_history(one.metrics, two.metrics, ("loss", "grad_norm", "ar_loss"))
+    assert all("ar_loss" in r for r in one.metrics)
 
 
 def test_diffusion_gemma_recipes_are_valid():

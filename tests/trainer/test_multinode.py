@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from tests.trainer.helpers import ROOT, TOY_SFT
-from tests.trainer.test_multiprocess import COMMON, _env, _metrics, _train
+from tests.trainer.helpers import ROOT
+from tests.trainer.test_multiprocess import COMMON, _env, _metrics
+from tests.trainer.two_processes import CASES as TWO_CASES, same_history
 
 
 def _free_port() -> int:
@@ -21,8 +22,7 @@ def _free_port() -> int:
 
 def _two_nodes(out, recipe, *overrides, nproc=1, sharding="full", timeout=600):
     """Start `dare train` twice, as the same command on two nodes would be started, and wait for both."""
-    data = [f"data.pairs={TOY_SFT}"] if "sft" in recipe else []
-    cmd = [sys.executable, "-m", "dare.cli", "train", recipe, *COMMON, *data, f"train.output_dir={out}", *overrides,
+    cmd = [sys.executable, "-m", "dare.cli", "train", recipe, *COMMON, f"train.output_dir={out}", *overrides,
            "distributed.nnodes=2", f"distributed.nproc={nproc}", f"distributed.rdzv_endpoint=127.0.0.1:{_free_port()}",
            f"distributed.rdzv_id=test-{out.name}"]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -42,33 +42,28 @@ def _two_nodes(out, recipe, *overrides, nproc=1, sharding="full", timeout=600):
     return _metrics(out)
 
 
-def _same(one, many, keys):
-    assert len(one) == len(many) > 0
-    for a, b in zip(one, many):
-        for key in keys:
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+@pytest.mark.integration
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case,sharding,nproc", [("sft_llada", "full", 1), ("sft_llada", "hybrid", 2)])
+def test_sft_on_two_nodes_equals_one_process(tmp_path, two_process_runs, case, sharding, nproc):
+    """The one-process side of a shared two-process case (tests/trainer/two_processes.py) is the reference."""
+    one, _ = two_process_runs(case)
+    c = TWO_CASES[case]
+    nodes = _two_nodes(tmp_path / "nodes", c.recipe, *c.overrides, f"distributed.sharding={sharding}", nproc=nproc,
+                       sharding=sharding)
+    assert len(nodes) == 3
+    same_history(one.metrics, nodes, ("loss", "grad_norm", "masked_frac"))
 
 
 @pytest.mark.integration
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("sharding,nproc", [("full", 1), ("hybrid", 2)])
-def test_sft_on_two_nodes_equals_one_process(tmp_path, sharding, nproc):
-    args = ["model.path=tiny:llada", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1",
-            f"distributed.sharding={sharding}"]
-    one = _train(tmp_path / "one", *args)
-    nodes = _two_nodes(tmp_path / "nodes", "recipes/sft_tiny.yaml", *args, nproc=nproc, sharding=sharding)
-    _same(one, nodes, ("loss", "grad_norm", "masked_frac"))
-
-
-@pytest.mark.integration
-@pytest.mark.multiprocess
-def test_rl_on_two_nodes_with_hybrid_sharding_equals_one_process(tmp_path):
-    args = ["train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0", "model.dtype=float64",
-            "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}", "distributed.sharding=hybrid"]
-    one = _train(tmp_path / "one", *args, recipe="recipes/d1_tiny.yaml")
-    nodes = _two_nodes(tmp_path / "nodes", "recipes/d1_tiny.yaml", *args, sharding="hybrid")
-    assert [a["completion_len"] for a in one] == [b["completion_len"] for b in nodes]
-    _same(one, nodes, ("loss", "kl", "entropy", "grad_norm", "ratio_mean"))
+@pytest.mark.parametrize("case", ["d1_llada"])
+def test_rl_on_two_nodes_with_hybrid_sharding_equals_one_process(tmp_path, two_process_runs, case):
+    one, _ = two_process_runs(case)
+    c = TWO_CASES[case]
+    nodes = _two_nodes(tmp_path / "nodes", c.recipe, *c.overrides, "distributed.sharding=hybrid", sharding="hybrid")
+    assert [a["completion_len"] for a in one.metrics] == [b["completion_len"] for b in nodes]
+    same_history(one.metrics, nodes, ("loss", "kl", "entropy", "grad_norm", "ratio_mean"))
 
 
 def test_launch_command_for_one_and_several_nodes():

@@ -1,4 +1,6 @@
-"""Slow end-to-end tests through the `dare train` command: 2-process FSDP2 equivalence and kill -9 resume."""
+"""Two processes (FSDP2 over gloo) train as one does: SFT on a dense and an MoE family, d1, VRPO's two passes (full and
+LoRA), gradient sync on every micro-batch -- cases of the shared two-process runner (tests/trainer/two_processes.py)
+-- and the ``dare train`` command's own relaunch under torchrun; kill -9 mid-run, then resume, bit for bit."""
 import json
 import os
 import signal
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from tests.trainer.helpers import ROOT, TOY_SFT, run_to_success
+from tests.trainer.two_processes import CASES as TWO_CASES, Case, recipe_overrides, register, same_history
 
 COMMON = ["logging.progress=false", "logging.tensorboard=false", "train.export=false"]
 
@@ -28,17 +31,52 @@ def _metrics(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
 
 
+SFT = ("train.steps=3", "train.batch_size=12", "train.micro_batch_size=1", f"data.pairs={TOY_SFT}")
+D1 = ("train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0", "model.dtype=float64",
+      "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")
+VRPO = ("train.steps=3", "train.batch_size=4", "train.micro_batch_size=1", "algorithm.mc_samples=2",
+        f"data.pairs={ROOT / 'tests/assets/data/toy_pref.jsonl'}")
+CASES = register({
+    "sft_llada": Case("recipes/sft_tiny.yaml", (*SFT, "model.path=tiny:llada")),
+    "sft_sdar_moe": Case("recipes/sft_tiny.yaml", (*SFT, "model.path=tiny:sdar_moe")),
+    # distributed.grad_sync=every (reduce-scatter each micro-batch) sums the same gradients as one process, as the
+    # default (sync on the last micro-batch only: sft_llada) does
+    "sft_llada_grad_sync_every": Case("recipes/sft_tiny.yaml", (*SFT, "model.path=tiny:llada"),
+                                      two=("distributed.nproc=2", "distributed.grad_sync=every")),
+    # float64: each rank decodes half the prompts, i.e. other batch shapes; float32 rounding of those may flip a
+    # near-tie token, which is not promised to be identical (docs/samplers.md). The seeds and schedules are.
+    "d1_llada": Case("recipes/d1_tiny.yaml", D1),
+    "vrpo_sdar": Case("recipes/vrpo_tiny.yaml", (*VRPO, "model.path=tiny:sdar")),
+    "lora_vrpo_llada": Case("recipes/vrpo_tiny.yaml", (*VRPO, "lora.enabled=true", "reference.mode=auto", "optim.lr=1e-2")),
+})
+KEYS = {"sft": ("loss", "grad_norm", "masked_frac"), "d1": ("loss", "kl", "entropy", "grad_norm", "ratio_mean"),
+        "vrpo": ("loss", "grad_norm", "reward_margin")}
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("family", ["llada", "sdar_moe"])
-def test_two_processes_reproduce_one_process(tmp_path, family):
-    args = [f"model.path=tiny:{family}", "train.steps=3", "train.batch_size=12", "train.micro_batch_size=1"]
-    one = _train(tmp_path / "one", *args)
-    two = _train(tmp_path / "two", *args, "distributed.nproc=2")
-    assert len(one) == len(two) == 3
-    for a, b in zip(one, two):
-        for key in ("loss", "grad_norm", "masked_frac"):
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
+@pytest.mark.parametrize("case", CASES)
+def test_two_processes_reproduce_one_process(two_process_runs, case):
+    one, two = two_process_runs(case)
+    steps = 3 if "sft" in case or "vrpo" in case else 2
+    assert len(one.metrics) == len(two.metrics) == steps
+    if case.startswith("d1"):  # the same rollouts on 1 or 2 ranks
+        assert [a["completion_len"] for a in one.metrics] == [b["completion_len"] for b in two.metrics]
+    same_history(one.metrics, two.metrics, next(v for k, v in KEYS.items() if k in case))
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", ["sft_sdar_moe"])
+def test_the_command_relaunches_itself_under_torchrun(tmp_path, two_process_runs, case):
+    """``dare train ... distributed.nproc=2`` starts torchrun itself, and that fresh command trains as the shared
+    runner's one-process side did for the same case (a case the runner ran after others: they leave no trace)."""
+    one, _ = two_process_runs(case)
+    out = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "dare.cli", "train", TWO_CASES[case].recipe, *recipe_overrides(TWO_CASES[case], True, out)]
+    err = run_to_success(cmd, _env(), 300)
+    assert "launching 2 processes on each of 1 node(s)" in err
+    same_history(one.metrics, _metrics(out), KEYS["sft"])
 
 
 @pytest.mark.integration
@@ -64,44 +102,3 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
     assert [r["step"] for r in resumed] == list(range(1, 31))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight]
-
-
-@pytest.mark.integration
-@pytest.mark.multiprocess
-def test_d1_two_processes_reproduce_one_process(tmp_path):
-    # float64: each rank decodes half the prompts, i.e. other batch shapes; float32 rounding of those may flip a
-    # near-tie token, which is not promised to be identical (docs/samplers.md). The seeds and schedules are.
-    args = ["train.steps=2", "algorithm.inner_iterations=2", "reward.workers=0", "model.dtype=float64",
-            "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}"]
-    one = _train(tmp_path / "one", *args, recipe="recipes/d1_tiny.yaml")
-    two = _train(tmp_path / "two", *args, "distributed.nproc=2", recipe="recipes/d1_tiny.yaml")
-    for a, b in zip(one, two):
-        assert a["completion_len"] == b["completion_len"]  # the same rollouts on 1 or 2 ranks
-        for key in ("loss", "kl", "entropy", "grad_norm", "ratio_mean"):
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
-
-
-@pytest.mark.integration
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("extra", [["model.path=tiny:sdar"], ["lora.enabled=true", "reference.mode=auto", "optim.lr=1e-2"]],
-                         ids=["vrpo-sdar", "lora-vrpo-llada"])
-def test_vrpo_two_pass_two_processes_reproduce_one_process(tmp_path, extra):
-    args = ["train.steps=3", "train.batch_size=4", "train.micro_batch_size=1", "algorithm.mc_samples=2",
-            f"data.pairs={ROOT / 'tests/assets/data/toy_pref.jsonl'}", *extra]
-    one = _train(tmp_path / "one", *args, recipe="recipes/vrpo_tiny.yaml")
-    two = _train(tmp_path / "two", *args, "distributed.nproc=2", recipe="recipes/vrpo_tiny.yaml")
-    for a, b in zip(one, two):
-        for key in ("loss", "grad_norm", "reward_margin"):
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
-
-
-@pytest.mark.integration
-@pytest.mark.multiprocess
-def test_grad_sync_every_micro_batch_gives_the_same_training(tmp_path):
-    """distributed.grad_sync=every (reduce-scatter each micro-batch) sums the same gradients as the default."""
-    args = ["model.path=tiny:llada", "train.steps=3", "train.batch_size=8", "train.micro_batch_size=1", "distributed.nproc=2"]
-    last = _train(tmp_path / "last", *args)
-    every = _train(tmp_path / "every", *args, "distributed.grad_sync=every")
-    for a, b in zip(last, every):
-        for key in ("loss", "grad_norm"):
-            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a, b)
