@@ -51,3 +51,13 @@ def supported_families(algorithm: str, fast: tuple[str, ...]) -> list:
     load_builtin_algorithms()
     return [pytest.param(f, marks=() if f in fast else pytest.mark.integration)
             for f in families_of(get_algorithm(algorithm).supports)]
+
+
+def learning_families(algorithm: str) -> list[str]:
+    """A learning claim's families: the first registered family of each attention kind ``algorithm`` supports
+    (CONTRIBUTING.md, "Test tiers": a method learns on one family per kind; every family trains its two steps in the
+    matrix and the end-to-end tests)."""
+    from dare.algorithms import get_algorithm, load_builtin_algorithms
+    from dare.algorithms.matrix import families_of
+    load_builtin_algorithms()
+    return [families_of((kind,))[0] for kind in get_algorithm(algorithm).supports if families_of((kind,))]

@@ -15,7 +15,7 @@ from dare.diffusion.anyorder import anyorder_attention
 from dare.models import tiny, tiny_tokenizer
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
-from tests.algorithms.helpers import corrupt, supported_families
+from tests.algorithms.helpers import corrupt, learning_families
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
 
@@ -150,7 +150,7 @@ def test_advantages_use_the_unbiased_std_and_the_loss_is_the_token_mean():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", supported_families("d2_anyorder", fast=("llada",)))
+@pytest.mark.parametrize("family", learning_families("d2_anyorder"))
 def test_learns_toy_reward(tmp_path, family):
     """Two tokens per step, as the authors' any-order sampler."""
     learns_toy_reward(tmp_path, "d2_anyorder", family, "algorithm.beta=0.0",

@@ -16,7 +16,7 @@ from dare.algorithms.d1 import D1Config
 from dare.algorithms.d2_stepmerge import D2StepMergeConfig, segment_map
 from dare.models import tiny, tiny_tokenizer
 from dare.rollout.config import SamplerConfig
-from tests.algorithms.helpers import corrupt, supported_families
+from tests.algorithms.helpers import corrupt, learning_families
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
 
@@ -175,6 +175,6 @@ def test_config_and_schedule_errors():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", supported_families("d2_stepmerge", fast=("llada",)))
+@pytest.mark.parametrize("family", learning_families("d2_stepmerge"))
 def test_learns_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "d2_stepmerge", family, "algorithm.beta=0.0")

@@ -15,7 +15,7 @@ from dare.algorithms.losses import topk_divergence
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
 from dare.trainer.reference import CopyReference
-from tests.algorithms.helpers import supported_families
+from tests.algorithms.helpers import learning_families
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch, setup
 
@@ -371,7 +371,7 @@ def test_learns_the_toy_reward(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", supported_families("d_opsd", fast=("llada",)))
+@pytest.mark.parametrize("family", learning_families("d_opsd"))
 def test_learns_to_match_its_self_future_teacher(tmp_path, family):
     """What a tiny model can learn from d-OPSD: the student's KL to the frozen teacher that sees its own future falls
     at least fourfold in 15 steps (every rollout distilled: gate 0; measured: llada 0.025 -> 0.002, llada_moe
