@@ -34,21 +34,24 @@ def run_to_success(cmd, env, timeout, merge_output: bool = False, on_timeout=Non
     return text
 
 
+def kill_running(marker: str) -> None:
+    """SIGKILL every process whose command line holds ``marker`` (torchrun starts its workers in sessions of their
+    own, so killing the launcher's session leaves them)."""
+    for pid in Path("/proc").iterdir():
+        try:
+            if pid.name.isdigit() and marker in (pid / "cmdline").read_bytes().decode(errors="ignore"):
+                os.kill(int(pid.name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def run_workers(script: Path, *args: str, timeout: float, hang: str) -> str:
     """Run ``script`` on 2 processes under torchrun (OMP_NUM_THREADS=1, the repository importable); assert it exits
     0 and return its output. On ``timeout`` kill torchrun and its workers and fail with ``hang``."""
-    def kill_workers():  # torchrun starts its workers in sessions of their own: kill them by command line
-        for pid in Path("/proc").iterdir():
-            try:
-                if pid.name.isdigit() and str(script) in (pid / "cmdline").read_bytes().decode(errors="ignore"):
-                    os.kill(int(pid.name), signal.SIGKILL)
-            except OSError:
-                pass
-
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"}
     try:
-        return run_to_success(cmd, env, timeout, merge_output=True, on_timeout=kill_workers)
+        return run_to_success(cmd, env, timeout, merge_output=True, on_timeout=lambda: kill_running(str(script)))
     except subprocess.TimeoutExpired:
         pytest.fail(hang)
 

@@ -29,10 +29,9 @@ from dare.trainer.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 # Toy rewards a random tiny model scores above zero, so RL gradients are not zero.
-if "test_sevens" not in REWARDS:
-    register_reward("test_sevens")(lambda c, e: c.count("7") / max(len(c), 1))
-if "traj_sevens" not in REWARDS:
-    register_reward("traj_sevens")(lambda c, e: c.count("7") / max(len(c), 1))
+for _name in ("test_sevens", "traj_sevens"):  # the names the cases' recipes use
+    if _name not in REWARDS:
+        register_reward(_name)(lambda c, e: c.count("7") / max(len(c), 1))
 if "test_distinct" not in REWARDS:  # models whose samples hold no digits (DiffusionGemma's 512-token vocabulary)
     register_reward("test_distinct")(lambda c, e: len(set(c)) / max(len(c), 1))
 
