@@ -9,8 +9,10 @@ fi
 stamp=.venv/.dare-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  # The CPU wheel of torch 2.13.0 first, so no dependency range pulls a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  # The CPU wheel of torch 2.13.0 first, so no dependency range pulls a multi-GB CUDA build. --no-compile: pip would
+  # byte-compile every module of torch, transformers and the rest (about 90 of a fresh set-up's 150 s on 2 cores);
+  # Python compiles what a process imports and keeps it (scripts/run.sh and test.sh let it write the .pyc files).
+  .venv/bin/python -m pip install -q --no-compile "torch==2.13.0"
+  .venv/bin/python -m pip install -q --no-compile -e ".[dev]"
   touch "$stamp"
 fi

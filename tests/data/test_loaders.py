@@ -291,3 +291,40 @@ def test_generated_files_are_readable_by_bundled_path_and_reproducible(file, row
     out = tmp_path / Path(file).name
     subprocess.run([sys.executable, str(root / script), "--out", str(out)], check=True, capture_output=True)
     assert out.read_bytes() == (ASSETS / file).read_bytes()
+
+
+def test_a_process_parses_a_file_once_and_hands_out_copies(tmp_path, monkeypatch):
+    """dare/data/parsed.py: a shuffled load parses every row; the next load of the same file (another seed, limit or
+    none) reuses the parse and gives what a fresh parse gives; an example a caller changes does not reach the next
+    load; another file content parses again."""
+    import dare.data.loading as loading
+    from dare.data import parsed
+    parses = []
+    original = loading.iter_examples
+    monkeypatch.setattr(loading, "iter_examples", lambda cfg, policy=None: parses.append(cfg) or original(cfg, policy))
+    rows = [json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) for i in range(12)]
+    path = _write(tmp_path / "q.jsonl", rows)
+    cfg = DataConfig(path=str(path), shuffle_seed=1, limit=5)
+    first = load_examples(cfg)
+    again = [load_examples(DataConfig(path=str(path), shuffle_seed=s, limit=n)) for s, n in [(1, 5), (2, 3), (2, None)]]
+    assert len(parses) == 1 and again[0] == first and len(again[2]) == 12
+    first[0]["ground_truth"] = "changed"
+    assert load_examples(cfg)[0]["ground_truth"] != "changed"
+    parsed.clear()
+    fresh = [load_examples(DataConfig(path=str(path), shuffle_seed=s, limit=n)) for s, n in [(1, 5), (2, 3), (2, None)]]
+    assert fresh == again and len(parses) == 2
+    _write(path, rows[:6] + [json.dumps({"question": "new", "answer": "#### 99"})] + rows[7:])  # same size, new bytes
+    assert "99" in [e["ground_truth"] for e in load_examples(DataConfig(path=str(path), shuffle_seed=2))]
+    assert len(parses) == 3
+    # the template (or any field that shapes parsing) is part of the key; a hub dataset is never kept
+    load_examples(DataConfig(path=str(path), shuffle_seed=2, task="math"))
+    assert len(parses) == 4 and parsed.key(DataConfig(hf="org/name"), parsed.source_file(DataConfig(hf="org/name"))) is None
+
+
+def test_a_file_with_skipped_rows_is_parsed_and_reported_each_time(tmp_path, caplog):
+    path = _write(tmp_path / "mixed.jsonl", [json.dumps({"question": "a", "answer": "#### 1"}), json.dumps({"question": "b"})])
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dare.data"):
+            assert len(load_examples(DataConfig(path=str(path), on_bad_row="skip", shuffle_seed=0))) == 1
+        assert "skipped 1 bad row" in caplog.text

@@ -100,11 +100,21 @@ def load_examples(cfg: DataConfig) -> list[dict]:
                 break
             out.append(ex)
     else:
-        out = list(iter_examples(cfg, policy))
+        from . import parsed  # rows a process parsed before (dare/data/parsed.py)
+        k = parsed.key(cfg, parsed.source_file(cfg))
+        kept = parsed.get(k)
+        if kept is None:
+            out = list(iter_examples(cfg, policy))
+            if not policy.skipped:
+                parsed.put(k, out)
+        else:
+            out = kept
         if cfg.shuffle_seed is not None:
             random.Random(cfg.shuffle_seed).shuffle(out)
         if cfg.limit is not None:
             out = out[:cfg.limit]
+        if kept is not None:
+            out = parsed.detached(out)
     policy.summary(cfg.describe())
     ids = set()
     for ex in out:
