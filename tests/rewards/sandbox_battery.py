@@ -1,6 +1,8 @@
 """What every sandbox battery file shares: the isolation modes that work here (each case runs in each), the short
 limits of hostile cases, and the checks that nothing a program started outlives it."""
+import fcntl
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,8 +27,26 @@ def needs_containment(mode, what):
         pytest.skip(f"fallback sandbox as an ordinary user does not contain {what} (install bubblewrap)")
 
 
+def _slot_in_use(uid: int) -> bool:
+    """Whether a live sandbox holds ``uid``'s slot (dare/rewards/sandbox_uids.py): the other pytest-xdist worker's, or a
+    scorer's beside the tests. Its processes are that sandbox's, not a leftover of ours (and its release kills every
+    process of the uid, a leftover under it included)."""
+    try:
+        fd = os.open(os.path.join(tempfile.gettempdir(), "dare-sandbox-uid-locks", str(uid)), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it our lock, if we took it
+    return False
+
+
 def leftovers(*markers: str) -> list[str]:
-    """Live processes whose command line holds a marker, or that run as a sandbox uid."""
+    """Live processes whose command line holds a marker, or that run as a sandbox uid whose slot no live sandbox
+    holds."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -41,7 +61,10 @@ def leftovers(*markers: str) -> list[str]:
             continue
         if state == b"Z":
             continue
-        if any(m in cmdline for m in markers) or (IS_ROOT and _UID_BASE <= uid < _UID_BASE + _UID_SLOTS):
+        sandbox_uid = IS_ROOT and _UID_BASE <= uid < _UID_BASE + _UID_SLOTS
+        if sandbox_uid and _slot_in_use(uid):
+            continue
+        if any(m in cmdline for m in markers) or sandbox_uid:
             found.append(f"{entry} uid={uid} {cmdline[:120]}")
     return found
 
