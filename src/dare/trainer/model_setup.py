@@ -46,7 +46,10 @@ def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None) -> Pa
             fresh.lm_head.weight = fresh.get_input_embeddings().weight
         if has_lora(fresh):
             merge_lora(fresh)
-        fresh.save_pretrained(out, tokenizer=tokenizer)
+        from . import swap  # written beside and swapped in whole: the export is never half-written (swap.py)
+        staged = swap.staging(out)
+        fresh.save_pretrained(staged, tokenizer=tokenizer)
+        swap.replace(staged, out)
         log.info("exported the trained model to %s", out)
     env.barrier()
     return out
