@@ -1,6 +1,8 @@
 """The export is written beside and swapped in whole (dare/trainer/swap.py): a kill during a re-export leaves the
 previous export loadable, and a reader never finds the folder without its weights."""
+import shutil
 import threading
+import time
 
 import pytest
 import torch
@@ -30,9 +32,7 @@ def test_replace_puts_the_new_folder_in_place_and_leaves_nothing_beside_it(tmp_p
     else:
         assert (tmp_path / "x" / "config.json").read_text() == "y"  # swapped
         for name in ("x", "y"):
-            for f in (tmp_path / name).iterdir():
-                f.unlink()
-            (tmp_path / name).rmdir()
+            shutil.rmtree(tmp_path / name)
     out = tmp_path / "export"
     swap.replace(_folder(tmp_path, "a", "1"), out)
     assert (out / "config.json").read_text() == "1"
@@ -58,6 +58,7 @@ def test_a_reader_never_finds_the_export_without_its_weights(tmp_path):
         while not done.is_set():
             if not ((out / "config.json").exists() and (out / "model.safetensors").exists()):
                 misses.append(1)
+            time.sleep(0)  # hand the GIL back: a spinning reader slowed the 200 swaps 20-fold (23 s in the tier)
 
     reader = threading.Thread(target=read)
     reader.start()

@@ -12,8 +12,8 @@ twice; nor a bundled split with known-bad rows), only files up to ``MAX_BYTES`` 
 from __future__ import annotations
 
 import copy
-import hashlib
 import dataclasses
+import hashlib
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional

@@ -15,6 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .checkpoint import _fsync_dir  # the checkpoint writer's
+
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -25,19 +27,6 @@ def staging(out: Path) -> Path:
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     return staged
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree(root: Path) -> None:
