@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_rollout.py                                  # ours only (~15 min)
     .venv/bin/python benchmarks/bench_rollout.py --reference /work/refsrc/Fast-dLLM \\
         --reference-python /work/refenv/bin/python                                # also NVlabs/Fast-dLLM's own code
-    .venv/bin/python benchmarks/bench_rollout.py --quick                          # smoke run (~1 min)
+    .venv/bin/python benchmarks/bench_rollout.py --quick                          # smoke run (~1 min; a slow test runs it)
 
 1. **single**: one 64-token prompt, gen 256, block 32, steps 256, low-confidence remasking, greedy, on an LLaDA-layout
    checkpoint (4 layers, hidden 256, 4 heads, MLP 768, vocabulary 2048; random "peaked" weights, written in the
@@ -63,6 +63,16 @@ MODES = [  # (name, reference function, our cache, threshold, SamplerConfig.comp
 ]
 
 
+def single_modes(quick: bool, compiles: bool) -> list[tuple]:
+    """The modes a run times: the compiled ones only where torch.compile builds kernels, and in a --quick smoke run
+    only the last of them (each compiled mode is a compile of its own, ~15 s on a cold cache; the compiled group
+    reuses this one's graph, and tests/rollout/test_compiled_step.py holds the compiled prefix and dual cache steps
+    to the reference tokens)."""
+    compiled = [m for m in MODES if m[4]]
+    keep = (compiled[-1:] if quick else compiled) if compiles else []
+    return [m for m in MODES if not m[4] or m in keep]
+
+
 def llada_checkpoint(folder: Path, sizes: dict) -> Path:
     """A random LLaDA of the given sizes in the published layout. Weights std 0.15 and the LM head x3 make the
     predictions peaked, so threshold decoding commits several tokens per step; the mask token's head row is zero,
@@ -108,12 +118,12 @@ def ours(model, prompts, cfg, threads: int, **kw):
     return time.perf_counter() - t0, r
 
 
-def bench_single(model, ref, prompt, G, BL, threads_list, repeats) -> list[dict]:
+def bench_single(model, ref, prompt, G, BL, threads_list, repeats, quick=False) -> list[dict]:
     rows = []
-    for name, fn, cache, thr, compiled in MODES:
-        if compiled and compile_problem() is not None:
-            print(f"  {name}: skipped, torch.compile cannot build kernels here: {compile_problem()}", file=sys.stderr)
-            continue
+    if compile_problem() is not None:
+        print(f"  compiled modes: skipped, torch.compile cannot build kernels here: {compile_problem()}",
+              file=sys.stderr)
+    for name, fn, cache, thr, compiled in single_modes(quick, compile_problem() is None):
         cfg = SamplerConfig(gen_length=G, block_length=BL, steps=G, cache=cache, threshold=thr, block_stop=False,
                             compile=compiled)
         row = dict(mode=name, threads={})
@@ -210,7 +220,8 @@ def print_group(rows) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small model, short generations, one repetition (smoke run)")
+    ap.add_argument("--quick", action="store_true",
+                    help="small model, short generations, one repetition, one compiled single mode (smoke run)")
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts for the single-prompt modes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sections", default="single,group,profile")
@@ -240,7 +251,7 @@ def main(argv=None) -> int:
                     ap.error("--reference needs --reference-python (an environment with transformers 4.49)")
                 ref = Reference(args.reference, args.reference_python, Path(tmp))
             print("## single sequence", file=sys.stderr)
-            rows = bench_single(model, ref, prompt, G, BL, threads_list, repeats)
+            rows = bench_single(model, ref, prompt, G, BL, threads_list, repeats, args.quick)
             print(f"\n### Single sequence: {P}-token prompt, gen {G}, block {BL}, steps {G}, low-confidence, greedy\n")
             print_single(rows, threads_list, ref, load)
             if ref is not None:

@@ -6,7 +6,7 @@ from typing import Optional
 
 from .config import DataConfig
 from .limits import encode_within
-from .schema import BadRowPolicy, DataError
+from .schema import BadRowPolicy, DataError  # noqa: F401  (the published plans record this module's imports)
 from .templates import Prompt, Template, get_template
 
 
@@ -108,24 +108,7 @@ def _prompt_bound(cfg: DataConfig, budget: Optional[PromptBudget], ex: dict) -> 
 
 def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig, budget: Optional[PromptBudget] = None) -> list[PromptedExample]:
     """Render and tokenize every example; prompts over ``max_prompt_tokens`` or the model's ``budget`` follow
-    ``on_bad_row`` (an error naming the row, or skipped)."""
-    tpl = get_template(cfg.template)
-    chat = uses_chat_template(tokenizer, tpl, cfg.chat_template)
-    policy = BadRowPolicy(cfg.on_bad_row, what="prompt")
-    out = []
-    for ex in examples:
-        try:
-            text = render_prompt(ex, tpl, tokenizer, cfg.system_prompt, cfg.chat_template, cfg.generation_prefix)
-            ids = encode_prompt(text, tokenizer, chat, *_prompt_bound(cfg, budget, ex))
-            if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
-                raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, "
-                                f"over max_prompt_tokens={cfg.max_prompt_tokens}")
-            if budget is not None and len(ids) > budget.tokens:
-                raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, but "
-                                f"{budget.reason} (shorten it, or on_bad_row: skip)")
-        except DataError as e:
-            policy.handle(e)
-            continue
-        out.append(PromptedExample(ex, text, ids))
-    policy.summary(cfg.describe())
-    return out
+    ``on_bad_row`` (an error naming the row, or skipped). A fast tokenizer encodes a chunk of prompts per call
+    (``dare.data.prompt_batches``: the same ids and the same errors, in row order)."""
+    from .prompt_batches import build_prompts_in_chunks
+    return build_prompts_in_chunks(examples, tokenizer, cfg, budget)
