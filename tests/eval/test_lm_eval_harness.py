@@ -87,8 +87,8 @@ def test_simple_evaluate_through_the_harness_matches_dare(family, tmp_path, monk
     args = ",".join([f"pretrained={ckpt}", "dtype=float32", "device=cpu", f"mc_num={MC}", f"seed={SEED}", "batch_size=1"]
                     + [f"{k}={v}" for k, v in sampler.items()])
     out = lm_eval.simple_evaluate(model="dare", model_args=args, tasks=["h_mc", "h_rolling", "h_gen", bench],
-                                  task_manager=TaskManager(include_path=str(tasks)), apply_chat_template=True,
-                                  log_samples=True, bootstrap_iters=0)
+                                  task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+                                  apply_chat_template=True, log_samples=True, bootstrap_iters=0)
     cfg = SamplerConfig(**sampler)
 
     def chat_prompt(text):

@@ -47,7 +47,8 @@ def test_simple_evaluate_offline_on_local_tasks(tmp_path, monkeypatch, tiny_llad
     sampler = SamplerConfig(gen_length=8, block_length=8, steps=8)
     lm = DareLM(model=tiny_llada, tokenizer=tiny_tok, sampler=sampler, mc_num=6, seed=3)
     out = lm_eval.simple_evaluate(model=lm, tasks=["dare_tiny_mc", "dare_tiny_gen"], bootstrap_iters=0,
-                                  task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+                                  task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+                                  log_samples=True)
     # Multiple choice: every choice scored by the ELBO with the request's own seed; acc follows from those numbers.
     expected_correct = []
     for doc, sample in zip(MC, sorted(out["samples"]["dare_tiny_mc"], key=lambda s: s["doc_id"])):
@@ -105,3 +106,25 @@ def test_plugin_argument_errors(tiny_llada, tiny_tok):
     ctx, cont = lm._pair("Q: 2+2= ", "4")
     assert tiny_tok.decode(cont) == " 4" and tiny_tok.decode(ctx) == "Q: 2+2="
     assert lm._pair("", "hi")[0] == [tiny_tok.bos_token_id]
+
+
+def test_dare_eval_indexes_lm_evals_own_tasks_only_when_a_task_needs_them():
+    """Indexing lm-eval's task folder takes ~15 s: with an include path whose tasks are all the run asks for, dare
+    eval indexes that folder alone; a task (or a group, which may name lm-eval's tasks) from elsewhere gets both."""
+    from dare.commands.eval import task_manager
+    built = []
+
+    class Manager:
+        def __init__(self, include_path=None, include_defaults=True):
+            built.append((include_path, include_defaults))
+            self.all_subtasks = ["mine_a", "mine_b"] + (["gsm8k"] if include_defaults else [])
+
+    assert task_manager(Manager, "my_tasks", ["mine_a", "mine_b"]).all_subtasks == ["mine_a", "mine_b"]
+    assert built == [("my_tasks", False)]
+    for tasks in (["mine_a", "gsm8k"], ["my_group"]):
+        built.clear()
+        assert "gsm8k" in task_manager(Manager, "my_tasks", tasks).all_subtasks
+        assert built == [("my_tasks", False), ("my_tasks", True)]
+    built.clear()
+    task_manager(Manager, None, ["gsm8k"])
+    assert built == [(None, True)]

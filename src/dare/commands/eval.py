@@ -111,9 +111,10 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    tm = TaskManager(include_path=cfg.lm_eval.include_path) if cfg.lm_eval.include_path else TaskManager()
+    groups = lm_eval_groups(cfg, sampler_for_model(cfg.sampler, model, cfg.model_block_length))
+    tm = task_manager(TaskManager, cfg.lm_eval.include_path, [t for _, _, tasks in groups for t in tasks])
     summaries = {}
-    for sampler, fixed, tasks in lm_eval_groups(cfg, sampler_for_model(cfg.sampler, model, cfg.model_block_length)):
+    for sampler, fixed, tasks in groups:
         lm = DareLM(model=model, tokenizer=tokenizer, sampler=sampler, mc_num=cfg.lm_eval.mc_num,
                     mc_batch_size=cfg.lm_eval.mc_batch_size, greedy_check=cfg.lm_eval.greedy_check, seed=cfg.seed,
                     batch_size=cfg.batch_size, max_length=cfg.lm_eval.max_length, fixed_gen_length=fixed)
@@ -132,6 +133,18 @@ def run_lm_eval(cfg, model, tokenizer, name: str) -> dict:
                                        tpf=round(c["valid_tokens"] / c["nfe"], 4) if c["nfe"] else None,
                                        tokens_per_second=round(c["valid_tokens"] / c["seconds"], 2) if c["seconds"] else None)
     return summaries
+
+
+def task_manager(manager_class, include_path, tasks: list):
+    """lm-eval's ``TaskManager`` for ``tasks``: indexing lm-eval's own task folder takes ~15 s (thousands of YAMLs),
+    so when every task is a task of ``include_path`` (a task, not a group or tag, which may name lm-eval's tasks)
+    only that folder is indexed; otherwise both are."""
+    if include_path:
+        own = manager_class(include_path=include_path, include_defaults=False)
+        if tasks and set(tasks) <= set(own.all_subtasks):
+            return own
+        return manager_class(include_path=include_path)
+    return manager_class()
 
 
 def sampler_for_model(sampler, model, enabled: bool):
