@@ -1,7 +1,8 @@
-"""Per-item time of the math grader on the answers that used to stall it, next to ordinary answers, and the cost of
-the code sandbox's view, in one run.
+"""Per-item time of the math grader on the answers that used to stall it, next to ordinary answers, the code reward's
+extraction on hostile completions (one pass against the fence regex it replaced, side by side), and the cost of the
+code sandbox's view, in one run.
 
-    python benchmarks/bench_reward_bounds.py     # prints two tables (about 1 minute on 2 cores)
+    python benchmarks/bench_reward_bounds.py     # prints three tables (about 1.5 minutes on 2 cores)
 
 Each stall case runs in a fresh process (the completion on stdin: 20,000 boxes are too long for an argument) with a
 wall-clock limit (``LIMIT`` seconds plus import time), so an unbounded grader shows as ">= LIMIT" instead of hanging: run it on a checkout before the work bound to see the other column (the
@@ -53,10 +54,36 @@ def time_case(completion: str) -> str:
     return f"{float(seconds) * 1000:.1f} ms (score {score})"
 
 
+EXTRACTION = {  # completions that took the old extraction seconds (issue 41, finding 3), and an ordinary one
+    '"```" x 64,000': "```" * 64000,
+    "96 KB of backticks after a line": "x\n" + "`" * 96000,
+    "a fence, 200,000 blank lines, the def": "```python\n" + "\n" * 200000 + "def f():\n    pass\n```",
+    "ordinary: one fenced function": "Here:\n```python\ndef f(x):\n    return x + 1\n```\nDone.",
+}
+
+
+def old_extraction(completion: str, entry_point: str) -> None:
+    """What ``extract_code`` ran before ``dare.rewards.fences``: the fence regex, then the def search per block."""
+    import re
+    from dare.rewards.code_reward import _FENCE
+    blocks = [body for lang, body in _FENCE.findall(completion) if lang.lower() in {"", "python", "py"}]
+    [re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", b, re.MULTILINE) for b in blocks]
+
+
 def main() -> None:
     print("| math answer (gold 7) | time per item |\n|---|---:|")
     for name, completion in CASES.items():
         print(f"| `{name}` | {time_case(completion)} |", flush=True)
+
+    from dare.rewards.code_reward import extract_code
+    print("\n| code completion | extraction now | the fence regex before |\n|---|---:|---:|")
+    for name, completion in EXTRACTION.items():
+        times = []
+        for fn in (extract_code, old_extraction):
+            start = time.perf_counter()
+            fn(completion, "f")
+            times.append(f"{(time.perf_counter() - start) * 1000:.1f} ms")
+        print(f"| {name} | {times[0]} | {times[1]} |", flush=True)
 
     from dare.rewards import SandboxLimits, available_isolations, run_judged
     print("\n| isolation | judged run (two sandboxed processes), mean of 10 |\n|---|---:|")

@@ -25,6 +25,8 @@ from typing import Optional
 from .registry import RewardResult, ground_truth_dict, register_reward
 from .sandbox import ISOLATIONS, SandboxLimits, SandboxResult, run_judged, with_timeout
 
+# The fence regex extraction used before dare.rewards.fences (quadratic in runs of backticks); the one-pass
+# fenced_blocks is tested to find what it finds.
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PY_LANGS = {"", "python", "py", "python3", "py3"}
 
@@ -51,12 +53,15 @@ def code_limits() -> tuple[SandboxLimits, Optional[str]]:
 
 
 def _defines(code: str, name: str) -> bool:
-    return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+    from .fences import defines
+    return defines(code, name)
 
 
 def extract_code(completion: str, entry_point: Optional[str] = None) -> str:
-    """The code to run from a completion (see the module docstring for the rules)."""
-    blocks = [body for lang, body in _FENCE.findall(completion) if lang.lower() in _PY_LANGS]
+    """The code to run from a completion (see the module docstring for the rules). The fences are found in one pass
+    (``dare.rewards.fences``; ``_FENCE``, the regex it replaced, was quadratic in runs of backticks)."""
+    from .fences import fenced_blocks
+    blocks = [body for lang, body in fenced_blocks(completion) if lang.lower() in _PY_LANGS]
     if blocks:
         if entry_point:
             defining = [b for b in blocks if _defines(b, entry_point)]
