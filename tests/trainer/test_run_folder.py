@@ -184,16 +184,57 @@ def test_a_checkpoint_missing_its_shard_and_manifest_falls_back_to_the_previous_
     assert "dcp/.metadata is missing" in verify(ck / "step-1")
 
 
-def test_non_finite_weights_at_load_name_the_tensor(tmp_path):
+def _save_unchecked(t, step, monkeypatch):
+    """Write a checkpoint of ``t`` past the writer's finiteness check, as a checkpoint from elsewhere could be."""
+    import dare.trainer.finite_state as finite_state
+    with monkeypatch.context() as m:
+        m.setattr(finite_state, "first_non_finite", lambda state, prefix="": None)
+        t.ckpt.save(step, t.model, t.optimizer, {"step": step, "scheduler": t.scheduler.state_dict(), "recipe": {}})
+
+
+def test_non_finite_weights_at_load_name_the_tensor(tmp_path, monkeypatch):
     t = Trainer(sft_recipe(tmp_path, "train.steps=2"))
     t.train_step(0)
     name, param = next((n, p) for n, p in t.model.named_parameters() if "layers.0" in n)
     with torch.no_grad():
         param.view(-1)[0] = float("nan")
-    # Trainer.save_checkpoint refuses a NaN state; bypass it, as a checkpoint from elsewhere could be.
-    t.ckpt.save(1, t.model, t.optimizer, {"step": 1, "scheduler": t.scheduler.state_dict(), "recipe": {}})
+    # Trainer.save_checkpoint and the checkpoint writer refuse a NaN state; bypass them.
+    _save_unchecked(t, 1, monkeypatch)
     t.close()
     with pytest.raises(CheckpointError, match=rf"tensor model\.{name} holds non-finite values"):
+        Trainer(sft_recipe(tmp_path, "train.steps=2"))
+
+
+def _poison_adam(t, value):
+    """An infinite (or NaN) second moment with finite weights: what one step of overflowing gradient squares leaves."""
+    name, param = next((n, p) for n, p in t.model.named_parameters() if "layers.0" in n)
+    t.optimizer.state[param]["exp_avg_sq"].view(-1)[0] = value
+    return name
+
+
+def test_a_poisoned_optimizer_state_is_never_written_and_the_last_intact_checkpoint_is_named(tmp_path):
+    """Issue 41, finding 4: weights finite, Adam's exp_avg_sq not. The writer refuses it (keeping the good checkpoint
+    that rotation would have removed) and names that one as the last intact checkpoint."""
+    t = Trainer(sft_recipe(tmp_path, "train.steps=3", "train.keep_checkpoints=1"))
+    t.train_step(0)
+    t.save_checkpoint(1)
+    t.train_step(1)
+    name = _poison_adam(t, float("inf"))
+    assert all(bool(torch.isfinite(p).all()) for p in t.model.parameters())
+    with pytest.raises(CheckpointError, match=rf"not writing checkpoint step-2: tensor optim\.state\.{name}\.exp_avg_sq "
+                                              rf"holds non-finite values .*the last intact checkpoint is .*step-1\b"):
+        t.save_checkpoint(2)
+    t.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]
+
+
+def test_a_checkpoint_with_a_non_finite_optimizer_state_is_refused_at_load(tmp_path, monkeypatch):
+    t = Trainer(sft_recipe(tmp_path, "train.steps=2"))
+    t.train_step(0)
+    name = _poison_adam(t, float("nan"))
+    _save_unchecked(t, 1, monkeypatch)
+    t.close()
+    with pytest.raises(CheckpointError, match=rf"step-1: tensor optim\.state\.{name}\.exp_avg_sq holds non-finite"):
         Trainer(sft_recipe(tmp_path, "train.steps=2"))
 
 

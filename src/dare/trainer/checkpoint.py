@@ -11,8 +11,9 @@ keyed by (seed, step, ...), so a resumed run continues bit for bit.
 Resuming verifies the manifest first: a truncated or bit-flipped file is named, and ``resume: auto`` falls back to
 the newest intact checkpoint with a warning naming what it skipped. A checkpoint without a manifest (an older dare's,
 or one whose manifest was deleted) is checked against itself: every shard byte range its DCP metadata names must be
-there, so a lost shard also falls back instead of stopping the run at load. Weights that load but are not finite are an
-error naming the tensor.
+there, so a lost shard also falls back instead of stopping the run at load. A state that is not finite (weights or
+optimizer moments, ``dare.trainer.finite_state``) is never written (the run stops, naming the tensor and the last intact
+checkpoint) and is an error naming the tensor when a checkpoint holding one is loaded.
 """
 from __future__ import annotations
 
@@ -177,13 +178,13 @@ def _os_error(e: BaseException) -> Optional[OSError]:
 
 
 def _check_finite(path: Path, state: dict) -> None:
-    """Loaded weights must be finite: a NaN here would only show up many steps later as a diverged run."""
-    for section in ("model", "reference"):
-        for name, t in (state.get(section) or {}).items():
-            local = t.to_local() if hasattr(t, "to_local") else t
-            if isinstance(local, torch.Tensor) and local.is_floating_point() and not bool(torch.isfinite(local).all()):
-                raise CheckpointError(f"{path}: tensor {section}.{name} holds non-finite values (NaN/inf); resume from "
-                                      f"an earlier checkpoint (train.resume=<folder>) or start over")
+    """The loaded state must be finite, weights and optimizer moments alike: a NaN here would only show up steps later
+    as a diverged run (``dare.trainer.finite_state``)."""
+    from .finite_state import first_non_finite
+    name = first_non_finite(state)
+    if name is not None:
+        raise CheckpointError(f"{path}: tensor {name} holds non-finite values (NaN/inf); resume from an earlier "
+                              f"checkpoint (train.resume=<folder>) or start over")
 
 
 def _train_state(model, optimizer, reference=None, companions=None) -> dict:
@@ -281,6 +282,13 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         self.env.barrier()
         state = _train_state(model, optimizer, reference, companions)
+        from .finite_state import agreed, first_non_finite
+        bad = agreed(first_non_finite(state), self.env.distributed)
+        if bad is not None:  # rotating the good checkpoints away for this one would lose the run
+            raise CheckpointError(f"not writing checkpoint step-{step}: tensor {bad} holds non-finite values (NaN/inf) "
+                                  f"while the loss and gradient were finite; the last intact checkpoint is "
+                                  f"{self.latest_intact() or '(none yet)'}. Lower optim.lr, enable optim.grad_clip, or "
+                                  f"use a higher-precision model.dtype")
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": yes, it is
             warnings.filterwarnings("ignore", message=".*single process.*")
             dcp.save(state, checkpoint_id=str(tmp / "dcp"))
