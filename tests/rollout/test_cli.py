@@ -1,6 +1,7 @@
 """``dare generate`` on a fixture (token ids) and on a tiny model saved with the tiny tokenizer (text, chat)."""
 import json
 
+import pytest
 import torch
 
 from dare.cli import main
@@ -62,3 +63,18 @@ def test_errors_are_one_line(capsys):
     rc, _, err = _run(capsys, ["--model", str(FIXTURES / "llada-tiny"), "--mask-token-id", "500", "--prompt-ids", "1,2",
                                "--gen-length", "30", "--block-length", "8", "--device", "cpu"])
     assert rc == 2 and "gen_length=30 must be a multiple of block_length=8" in err
+
+
+def test_a_non_finite_float_flag_and_a_prompt_that_is_not_utf8_are_one_line(tmp_path, capsys):
+    """``--temperature nan`` decoded garbage without a word; a prompt of bytes that are not UTF-8 (they reach Python as
+    lone surrogates) ended in the tokenizer's traceback (issue 41, finding 6)."""
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(SystemExit) as e:
+            main(["generate", "--model", str(FIXTURES / "llada-tiny"), "--prompt-ids", "1,2", f"--temperature={value}"])
+        assert e.value.code == 2 and f"expected a finite number, got '{value}'" in capsys.readouterr().err
+    tok = tiny_tokenizer()
+    tiny("llada", tokenizer=tok, seed=1).save_pretrained(tmp_path, tokenizer=tok)
+    argv_bytes = b"2+2=\xff\xfe".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
+    rc, _, err = _run(capsys, ["--model", str(tmp_path), "--prompt", argv_bytes, "--device", "cpu"])
+    line = "dare generate: error: --prompt is not valid UTF-8 text (byte(s) ff fe at character 4)"
+    assert rc == 2 and err.strip().splitlines() == [line]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 import typing
 
@@ -22,6 +23,17 @@ def _ids(text: str) -> list[int]:
         return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+
+
+def _finite(text: str) -> float:
+    """A float flag's value: a number, not nan or inf (``--temperature nan`` would decode garbage silently)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _sampler_flags(p) -> None:
@@ -42,8 +54,8 @@ def _sampler_flags(p) -> None:
         elif typing.get_origin(base) is list:
             g.add_argument(flag, dest=f.name, type=_ids, default=None, help="comma-separated ids (default: the model's)")
         else:
-            g.add_argument(flag, dest=f.name, type=base, default=None, choices=choices.get(f.name),
-                           help=f"(default {default})")
+            g.add_argument(flag, dest=f.name, type=_finite if base is float else base, default=None,
+                           choices=choices.get(f.name), help=f"(default {default})")
 
 
 def add_arguments(p):
@@ -71,6 +83,14 @@ def _load(args, need_tokenizer: bool):
 
 
 def _encode(tok, text: str, chat: bool) -> list[int]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
+        try:
+            what = "byte(s) " + text[e.start:e.end].encode("utf-8", "surrogateescape").hex(" ")
+        except UnicodeEncodeError:  # a lone surrogate passed from Python, not from argv's bytes
+            what = "character(s) " + ascii(text[e.start:e.end])
+        raise ValueError(f"--prompt is not valid UTF-8 text ({what} at character {e.start})") from None
     if chat:
         if getattr(tok, "chat_template", None) is None:
             raise ValueError("--chat needs a tokenizer with a chat template")
