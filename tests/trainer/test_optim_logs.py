@@ -36,3 +36,53 @@ def test_metrics_logger_jsonl_tensorboard_plot_and_truncation(tmp_path):
     lg2.truncate_after(3)
     assert [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert MetricsLogger(tmp_path / "off", enabled=False).plot() is None and not (tmp_path / "off").exists()
+
+
+def test_a_line_that_is_not_utf8_is_left_out_with_its_number_not_a_codec_error(tmp_path, caplog):
+    """A damaged metrics.jsonl (a binary line) stopped a resume with a bare UnicodeDecodeError (issue 41, finding 6)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 0.5}\n\xff\xfe\x00binary\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')
+    with caplog.at_level("WARNING"):
+        assert read_metrics(path) == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}]  # the cut last line too
+    assert "metrics.jsonl, line 2: not UTF-8 text" in caplog.text
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    logger.truncate_after(1)
+    assert path.read_text() == '{"step": 1, "loss": 0.5}\n' and sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.jsonl"]
+
+
+def test_files_a_reader_may_open_are_swapped_in_whole(tmp_path, monkeypatch, caplog):
+    """metrics.jsonl's rewrite on resume and the curves PNG are written beside and renamed over the old file (issue 41,
+    finding 2): a failed write leaves the old file and no .partial; a full disk while plotting is a warning."""
+    import errno
+    import os
+
+    from matplotlib.figure import Figure
+
+    from dare.trainer.swap import write_file, write_text
+    target = tmp_path / "results.md"
+    write_text(target, "old")
+
+    def failing(tmp):
+        tmp.write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OSError):
+        write_file(target, failing)
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["results.md"]
+    logger = MetricsLogger(tmp_path / "run", enabled=True, tensorboard=False)
+    logger.log(1, {"loss": 1.0})
+    png = logger.plot()
+    before = png.read_bytes()
+    assert before.startswith(b"\x89PNG")
+
+    def full_disk(self, fname, *args, **kwargs):
+        open(fname, "wb").write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    logger.log(2, {"loss": 0.5})
+    with caplog.at_level("WARNING"):
+        assert logger.plot() is None
+    assert "could not write" in caplog.text and "No space left on device" in caplog.text
+    assert png.read_bytes() == before and not list(png.parent.glob(".*partial*"))

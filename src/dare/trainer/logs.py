@@ -16,10 +16,17 @@ PLOTTED = ("loss", "reward_mean", "kl", "clip_frac", "entropy", "grad_norm", "lr
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The JSON lines of ``path``; a line that is not JSON (cut by a kill -9) or not even UTF-8 (a damaged file) is
+    left out, the second with a warning naming the line, instead of stopping a resume with a codec error."""
     if not Path(path).exists():
         return []
     out = []
-    for line in Path(path).read_text().splitlines():
+    for number, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            log.warning("%s, line %d: not UTF-8 text (a damaged file?); left out", path, number)
+            continue
         if line.strip():
             try:
                 out.append(json.loads(line))
@@ -57,8 +64,9 @@ class MetricsLogger:
         """Resuming from ``step``: drop lines of steps the killed run logged after its last checkpoint."""
         if not self.enabled or not self.path.exists():
             return
+        from .swap import write_text
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))  # a reader never sees it half written
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -99,9 +107,16 @@ class MetricsLogger:
         for ax in list(axes.flat)[len(keys):]:
             ax.axis("off")
         fig.tight_layout()
+        from .swap import write_file
         out = Path(out or self.run_dir / "training_curves.png")
-        fig.savefig(out, dpi=90)
-        plt.close(fig)
+        try:
+            write_file(out, lambda tmp: fig.savefig(tmp, dpi=90))  # swapped in whole: a viewer never reads half a PNG
+        except OSError as e:  # a full disk: the curves are a convenience (metrics.jsonl holds the numbers)
+            log.warning("could not write %s (%s); the training curves are in %s", out,
+                        os.strerror(e.errno) if e.errno else e, self.path)
+            return None
+        finally:
+            plt.close(fig)
         return out
 
     def close(self) -> None:
