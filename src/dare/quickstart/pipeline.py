@@ -87,6 +87,7 @@ def default_run_dir() -> Path:
 def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
     """Run every stage; returns the summary (also written to ``<run>/summary.json``)."""
     from ..rewards import close_pool
+    from ..trainer.swap import write_text
 
     set_threads(opts.threads)
     run = Path(opts.output_dir) if opts.output_dir else default_run_dir()
@@ -152,14 +153,14 @@ def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
         rows = [{"model": "SFT (baseline)", "path": str(sft_model), "results": before},
                 {"model": f"SFT + {algo}", "path": str(rl.export), "results": after}]
         table = quickstart_table(rows, settings)
-        (run / "results.md").write_text(results_markdown(shipped, algo, rl_recipe.train.steps, table))
+        write_text(run / "results.md", results_markdown(shipped, algo, rl_recipe.train.steps, table))
         png = quickstart_plot(run / "quickstart.png", sft_curve, rl.metrics, rows, title=f"dare quickstart: {shipped.task} ({shipped.family}), {algo}")
         stages.done("report")
         summary = {"run_dir": str(run), "algorithm": algo, "seed": opts.seed, "from_scratch": opts.from_scratch,
                    "sft_model": str(sft_model), "rl_model": str(rl.export), "before": before, "after": after,
                    "eval": settings, "rl_steps": rl_recipe.train.steps, "stage_seconds": stages.times,
                    "total_seconds": round(stages.total, 1), "plot": str(png) if png else None}
-        (run / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_text(run / "summary.json", json.dumps(summary, indent=1))  # last, whole: it marks a finished run
     finally:
         close_pool()
     echo("\n" + table, flush=True)
