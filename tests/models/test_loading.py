@@ -144,6 +144,22 @@ def test_family_tokenizers_load_without_remote_code():
     assert dream.decode(dream("12 + 30 = 42")["input_ids"]) == "12 + 30 = 42"
 
 
+def test_missing_or_corrupt_tokenizer_files_are_one_line_naming_them(tmp_path):
+    """No tokenizer files gave advice to install sentencepiece; a corrupt tokenizer.json a JSON position with no file
+    named (issue 41, finding 6)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"empty: no tokenizer files \(tokenizer.json"):
+        load_tokenizer(empty)
+    for name, damage in (("tokenizer.json", lambda t: t[: len(t) // 2]), ("tokenizer_config.json", lambda t: "{,")):
+        copy = tmp_path / name.replace(".", "_")
+        tiny_tokenizer().save_pretrained(copy)
+        load_tokenizer(copy)  # whole, it loads
+        (copy / name).write_text(damage((copy / name).read_text()))
+        with pytest.raises(ValueError, match=rf"{copy / name}: not a valid JSON file \("):
+            load_tokenizer(copy)
+
+
 def test_tiny_tokenizer_is_character_level_with_chat_template(tmp_path):
     tok = tiny_tokenizer()
     ids = tok("0321 x\n")["input_ids"]

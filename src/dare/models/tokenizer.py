@@ -34,6 +34,17 @@ def load_tokenizer(path_or_id, mask_token: Optional[str] = None):
     """Load a family's tokenizer from its published files (no ``trust_remote_code``)."""
     import transformers
     folder = _tokenizer_folder(path_or_id)
+    # One line naming the folder or the file, not a sentencepiece hint or a JSON position without a file name.
+    known = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt", "spiece.model")
+    if folder.is_dir() and not any((folder / name).exists() for name in known):
+        raise ValueError(f"{folder}: no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.json + merges.txt "
+                         f"or tokenizer.model); point the tokenizer setting at the folder that holds them")
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        if (folder / name).exists():
+            try:
+                json.loads((folder / name).read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{folder / name}: not a valid JSON file ({e})") from None
     cfg_file = folder / "tokenizer_config.json"
     cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
     cls_name = STOCK_TOKENIZER_FOR.get(cfg.get("tokenizer_class", ""))
