@@ -11,7 +11,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
-    {"config", "collectives"},  # typed configs; collectives every layer above may use
+    {"config", "collectives", "files"},  # typed configs; collectives and whole-file writes every layer above may use
     {"models"},  # the families, loading, the native modules
     {"diffusion"},  # noise, corruption, log-likelihoods
     {"rollout", "rewards", "data"},  # decoding, rewards, datasets and templates

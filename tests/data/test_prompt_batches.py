@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from dare.data import DataConfig, build_prompts, load_examples
-from dare.data.prompt_batches import batches_well, build_prompts_in_chunks
+from dare.data.prompt_batches import batches_well
 from dare.data.prompts import PromptBudget
 from dare.data.schema import DataError
 from dare.models.tokenizer import load_tokenizer
@@ -34,8 +34,8 @@ def _rows(built):
 
 
 def _both(examples, tokenizer, cfg, budget=None, chunk=64):
-    return (build_prompts_in_chunks(examples, tokenizer, cfg, budget, chunk=chunk),
-            build_prompts_in_chunks(examples, tokenizer, cfg, budget, chunk=None))
+    return (build_prompts(examples, tokenizer, cfg, budget, chunk=chunk),
+            build_prompts(examples, tokenizer, cfg, budget, chunk=None))
 
 
 def test_the_tokenizers_dare_ships_and_tests_batch(dream):
@@ -58,7 +58,7 @@ def test_chunks_build_the_row_by_row_prompts(dream, calls, name, template):
 def test_skipped_rows_are_the_same_rows_in_the_same_order(dream, caplog):
     cfg = DataConfig(name="gsm8k", split="train", template="reasoning", limit=400, on_bad_row="skip")
     examples = load_examples(cfg)
-    lengths = sorted(len(p.input_ids) for p in build_prompts_in_chunks(examples, dream, cfg, chunk=None))
+    lengths = sorted(len(p.input_ids) for p in build_prompts(examples, dream, cfg, chunk=None))
     cap = lengths[len(lengths) // 2]  # about half the prompts are over it
     for limits in (dict(cfg=dataclasses.replace(cfg, max_prompt_tokens=cap)),
                    dict(cfg=cfg, budget=PromptBudget(cap, "a test budget"))):
@@ -66,7 +66,7 @@ def test_skipped_rows_are_the_same_rows_in_the_same_order(dream, caplog):
         for chunk in (64, None):
             caplog.clear()
             with caplog.at_level(logging.WARNING):
-                built = build_prompts_in_chunks(examples, dream, limits["cfg"], limits.get("budget"), chunk=chunk)
+                built = build_prompts(examples, dream, limits["cfg"], limits.get("budget"), chunk=chunk)
             logs.append([r.getMessage() for r in caplog.records])
             logs[-1].append(_rows(built))
         assert logs[0] == logs[1]
@@ -75,7 +75,7 @@ def test_skipped_rows_are_the_same_rows_in_the_same_order(dream, caplog):
 
 def test_the_first_bad_row_is_the_error_either_way(dream):
     examples = load_examples(DataConfig(name="gsm8k", split="train", template="reasoning", limit=200))
-    lengths = [len(p.input_ids) for p in build_prompts_in_chunks(
+    lengths = [len(p.input_ids) for p in build_prompts(
         examples, dream, DataConfig(name="gsm8k", split="train", template="reasoning"), chunk=None)]
     cap = sorted(lengths)[-5]  # a handful of rows over it, the first of them somewhere past the first chunk
     first = next(i for i, n in enumerate(lengths) if n > cap)
@@ -83,7 +83,7 @@ def test_the_first_bad_row_is_the_error_either_way(dream):
     messages = []
     for chunk in (16, None):
         with pytest.raises(DataError) as err:
-            build_prompts_in_chunks(examples, dream, cfg, chunk=chunk)
+            build_prompts(examples, dream, cfg, chunk=chunk)
         messages.append(str(err.value))
     assert messages[0] == messages[1] and f"row {examples[first].get('index')})" in messages[0]
 
@@ -97,15 +97,15 @@ def test_chunks_with_a_long_row_or_a_failing_row_are_built_row_by_row(dream, cal
     examples[10] = {**examples[10], "question": "word " * 1200}  # > 600 x 8 characters: the prefix step refuses it
     examples[40] = {**examples[40], "question": "x" * 10**7}  # over the character bound
     examples[70] = {**examples[70], "question": "a short one"}
-    chunked = build_prompts_in_chunks(examples, dream, cfg, chunk=32)
+    chunked = build_prompts(examples, dream, cfg, chunk=32)
     assert calls.count(True) == 1  # rows 64-95; the chunks of rows 10 and 40 went row by row
-    rows = build_prompts_in_chunks(examples, dream, cfg, chunk=None)
+    rows = build_prompts(examples, dream, cfg, chunk=None)
     assert _rows(chunked) == _rows(rows) and len(rows) == 94
     broken = [dict(e) for e in examples]
     del broken[50]["question"]  # the template's KeyError, raised in its place by both builds
     errors = []
     for chunk in (32, None):
         with pytest.raises(Exception) as err:
-            build_prompts_in_chunks(broken, dream, cfg, chunk=chunk)
+            build_prompts(broken, dream, cfg, chunk=chunk)
         errors.append((type(err.value), str(err.value)))
     assert errors[0] == errors[1]

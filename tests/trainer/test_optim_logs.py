@@ -59,7 +59,7 @@ def test_files_a_reader_may_open_are_swapped_in_whole(tmp_path, monkeypatch, cap
 
     from matplotlib.figure import Figure
 
-    from dare.trainer.swap import write_file, write_text
+    from dare.files import write_file, write_text
     target = tmp_path / "results.md"
     write_text(target, "old")
 

@@ -18,7 +18,6 @@ from typing import Optional
 from .limits import PREFIX_CHARS_PER_TOKEN, check_characters
 from .schema import BadRowPolicy, DataError
 
-CHUNK = 512  # prompts per tokenizer call
 
 
 def batches_well(tokenizer) -> bool:
@@ -30,81 +29,81 @@ def batches_well(tokenizer) -> bool:
     return isinstance(tokenizer, PreTrainedTokenizerBase) and bool(getattr(tokenizer, "is_fast", False))
 
 
-def build_prompts_in_chunks(examples: list[dict], tokenizer, cfg, budget=None, chunk: Optional[int] = CHUNK) -> list:
-    """``dare.data.prompts.build_prompts`` (same arguments, same result); ``chunk=None`` builds row by row."""
-    from .prompts import get_template, uses_chat_template
-    tpl = get_template(cfg.template)
-    chat = uses_chat_template(tokenizer, tpl, cfg.chat_template)
-    policy = BadRowPolicy(cfg.on_bad_row, what="prompt")
-    batched = chunk is not None and chunk > 0 and batches_well(tokenizer)
-    out: list = []
-    step = chunk if batched else max(len(examples), 1)
-    for start in range(0, len(examples), step):
-        rows = examples[start:start + step]
-        ready = _rendered(rows, tokenizer, cfg, budget, tpl) if batched else None
-        if ready is None:
-            for ex in rows:
-                _one_row(ex, tokenizer, cfg, budget, tpl, chat, policy, out)
-            continue
-        ids = tokenizer([text for text, _ in ready], add_special_tokens=not chat)["input_ids"]
-        for ex, (text, bound), row_ids in zip(rows, ready, ids):
-            try:
-                _check_length(ex, row_ids, cfg, budget)
-            except DataError as e:
-                policy.handle(e)
+def build_in_chunks(examples: list[dict], tokenizer, cfg, budget, chunk: Optional[int], pieces) -> list:
+    """``dare.data.prompts.build_prompts``'s work; ``pieces`` holds its per-row functions (``render_prompt``,
+    ``encode_prompt``, ``_prompt_bound``, ``uses_chat_template``, ``get_template``, ``PromptedExample``), handed in so
+    that this module imports nothing back. ``chunk=None`` (or a tokenizer that does not batch) builds row by row."""
+    return _Build(pieces, examples, tokenizer, cfg, budget).run(chunk)
+
+
+class _Build:
+    def __init__(self, prompts, examples, tokenizer, cfg, budget):
+        self.p, self.examples, self.tokenizer, self.cfg, self.budget = prompts, examples, tokenizer, cfg, budget
+        self.tpl = prompts.get_template(cfg.template)
+        self.chat = prompts.uses_chat_template(tokenizer, self.tpl, cfg.chat_template)
+        self.policy = BadRowPolicy(cfg.on_bad_row, what="prompt")
+
+    def run(self, chunk: Optional[int]) -> list:
+        batched = chunk is not None and chunk > 0 and batches_well(self.tokenizer)
+        out: list = []
+        step = chunk if batched else max(len(self.examples), 1)
+        for start in range(0, len(self.examples), step):
+            rows = self.examples[start:start + step]
+            ready = self._rendered(rows) if batched else None
+            if ready is None:
+                for ex in rows:
+                    self._one_row(ex, out)
                 continue
-            out.append(_prompted(ex, text, list(row_ids)))
-    policy.summary(cfg.describe())
-    return out
+            ids = self.tokenizer([text for text in ready], add_special_tokens=not self.chat)["input_ids"]
+            for ex, text, row_ids in zip(rows, ready, ids):
+                try:
+                    self._check_length(ex, row_ids)
+                except DataError as e:
+                    self.policy.handle(e)
+                    continue
+                out.append(self.p.PromptedExample(ex, text, list(row_ids)))
+        self.policy.summary(self.cfg.describe())
+        return out
 
+    def _render(self, ex) -> str:
+        c = self.cfg
+        return self.p.render_prompt(ex, self.tpl, self.tokenizer, c.system_prompt, c.chat_template, c.generation_prefix)
 
-def _prompted(ex, text, ids):
-    from .prompts import PromptedExample
-    return PromptedExample(ex, text, ids)
+    def _rendered(self, rows) -> Optional[list[str]]:
+        """Every row's text, or None when a row raises or needs ``encode_within``'s prefix step (the chunk is then
+        built row by row, which raises or refuses it in its place)."""
+        out = []
+        for ex in rows:
+            try:
+                text = self._render(ex)
+                bound, what, limit_text = self.p._prompt_bound(self.cfg, self.budget, ex)
+                if bound is not None:
+                    check_characters(self.tokenizer, text, bound, what, limit_text)
+                    if len(text) > bound * PREFIX_CHARS_PER_TOKEN:
+                        return None
+            except Exception:  # noqa: BLE001 - the row-by-row build raises it again, in order
+                return None
+            out.append(text)
+        return out
 
+    def _check_length(self, ex, ids) -> None:
+        cfg, budget = self.cfg, self.budget
+        if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+            raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, "
+                            f"over max_prompt_tokens={cfg.max_prompt_tokens}")
+        if budget is not None and len(ids) > budget.tokens:
+            raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, but "
+                            f"{budget.reason} (shorten it, or on_bad_row: skip)")
 
-def _render(ex, tokenizer, cfg, tpl) -> str:
-    from .prompts import render_prompt
-    return render_prompt(ex, tpl, tokenizer, cfg.system_prompt, cfg.chat_template, cfg.generation_prefix)
-
-
-def _rendered(rows, tokenizer, cfg, budget, tpl) -> Optional[list[tuple[str, Optional[int]]]]:
-    """[(text, token bound)] of every row, or None when a row raises or needs ``encode_within``'s prefix step (the
-    chunk is then built row by row, which raises or refuses it in its place)."""
-    from .prompts import _prompt_bound
-    out = []
-    for ex in rows:
+    def _one_row(self, ex, out) -> None:
+        """One prompt as the per-row build makes it: render, bounded encode, length checks; a ``DataError`` follows
+        the row policy."""
         try:
-            text = _render(ex, tokenizer, cfg, tpl)
-            bound, what, limit_text = _prompt_bound(cfg, budget, ex)
-            if bound is not None:
-                check_characters(tokenizer, text, bound, what, limit_text)
-                if len(text) > bound * PREFIX_CHARS_PER_TOKEN:
-                    return None
-        except Exception:  # noqa: BLE001 - the row-by-row build raises it again, in order
-            return None
-        out.append((text, bound))
-    return out
-
-
-def _check_length(ex, ids, cfg, budget) -> None:
-    if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
-        raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, "
-                        f"over max_prompt_tokens={cfg.max_prompt_tokens}")
-    if budget is not None and len(ids) > budget.tokens:
-        raise DataError(f"example {ex['id']} (row {ex.get('index')}): prompt has {len(ids)} tokens, but "
-                        f"{budget.reason} (shorten it, or on_bad_row: skip)")
-
-
-def _one_row(ex, tokenizer, cfg, budget, tpl, chat, policy, out) -> None:
-    """One prompt as the per-row build makes it: render, bounded encode, length checks; a ``DataError`` follows the
-    row policy."""
-    from .prompts import _prompt_bound, encode_prompt
-    try:
-        text = _render(ex, tokenizer, cfg, tpl)
-        ids = encode_prompt(text, tokenizer, chat, *_prompt_bound(cfg, budget, ex))
-        _check_length(ex, ids, cfg, budget)
-    except DataError as e:
-        policy.handle(e)
-        return
-    out.append(_prompted(ex, text, ids))
+            text = self._render(ex)
+            bound = self.p._prompt_bound(self.cfg, self.budget, ex)
+            ids = self.p.encode_prompt(text, self.tokenizer, self.chat, *bound)
+            self._check_length(ex, ids)
+        except DataError as e:
+            self.policy.handle(e)
+            return
+        out.append(self.p.PromptedExample(ex, text, ids))

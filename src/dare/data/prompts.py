@@ -106,9 +106,15 @@ def _prompt_bound(cfg: DataConfig, budget: Optional[PromptBudget], ex: dict) -> 
     return tokens, f"example {ex['id']} (row {ex.get('index')}): prompt", text
 
 
-def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig, budget: Optional[PromptBudget] = None) -> list[PromptedExample]:
+def build_prompts(examples: list[dict], tokenizer, cfg: DataConfig, budget: Optional[PromptBudget] = None,
+                  chunk: Optional[int] = 512) -> list[PromptedExample]:
     """Render and tokenize every example; prompts over ``max_prompt_tokens`` or the model's ``budget`` follow
-    ``on_bad_row`` (an error naming the row, or skipped). A fast tokenizer encodes a chunk of prompts per call
-    (``dare.data.prompt_batches``: the same ids and the same errors, in row order)."""
-    from .prompt_batches import build_prompts_in_chunks
-    return build_prompts_in_chunks(examples, tokenizer, cfg, budget)
+    ``on_bad_row`` (an error naming the row, or skipped). A fast tokenizer encodes ``chunk`` prompts per call
+    (``dare.data.prompt_batches``: the same ids and the same errors, in row order); ``chunk=None``: one per call."""
+    from types import SimpleNamespace
+
+    from .prompt_batches import build_in_chunks
+    pieces = SimpleNamespace(get_template=get_template, uses_chat_template=uses_chat_template,
+                             render_prompt=render_prompt, encode_prompt=encode_prompt, _prompt_bound=_prompt_bound,
+                             PromptedExample=PromptedExample)
+    return build_in_chunks(examples, tokenizer, cfg, budget, chunk, pieces)

@@ -89,7 +89,7 @@ def write_results(results, output_dir: Optional[Path]) -> None:
         return
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    from dare.trainer.swap import write_text  # swapped in whole: a reader never opens half a table
+    from ..files import write_text  # swapped in whole: a reader never opens half a table
     rows = results if isinstance(results, list) else [results]
     write_text(output_dir / "results.json", json.dumps(results, indent=1, default=str))
     write_text(output_dir / "results.md", markdown_table(rows))

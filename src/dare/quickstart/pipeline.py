@@ -87,7 +87,7 @@ def default_run_dir() -> Path:
 def run_quickstart(opts: QuickstartOptions, echo=print) -> dict:
     """Run every stage; returns the summary (also written to ``<run>/summary.json``)."""
     from ..rewards import close_pool
-    from ..trainer.swap import write_text
+    from ..files import write_text
 
     set_threads(opts.threads)
     run = Path(opts.output_dir) if opts.output_dir else default_run_dir()

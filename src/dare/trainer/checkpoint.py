@@ -44,16 +44,8 @@ class CheckpointError(ValueError):
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    from ..files import fsync_dir
+    fsync_dir(path)
 
 
 def _write_text(path: Path, text: str) -> None:

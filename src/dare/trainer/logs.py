@@ -64,7 +64,7 @@ class MetricsLogger:
         """Resuming from ``step``: drop lines of steps the killed run logged after its last checkpoint."""
         if not self.enabled or not self.path.exists():
             return
-        from .swap import write_text
+        from ..files import write_text
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
         write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))  # a reader never sees it half written
 
@@ -107,7 +107,7 @@ class MetricsLogger:
         for ax in list(axes.flat)[len(keys):]:
             ax.axis("off")
         fig.tight_layout()
-        from .swap import write_file
+        from ..files import write_file
         out = Path(out or self.run_dir / "training_curves.png")
         try:
             write_file(out, lambda tmp: fig.savefig(tmp, dpi=90))  # swapped in whole: a viewer never reads half a PNG

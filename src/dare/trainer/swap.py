@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .checkpoint import _fsync_dir  # the checkpoint writer's
+from ..files import fsync_dir as _fsync_dir
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -63,25 +63,3 @@ def replace(staged: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(out.parent)
 
-
-def write_file(path: Path, write) -> None:
-    """``write(tmp)`` makes the file beside ``path`` (same folder, same suffix, so writers that read the format from
-    the name keep it), which is then flushed and renamed over ``path``: a reader finds the old file or the new one,
-    never a half-written one; a failed write removes its ``.partial`` file, and one a kill leaves is replaced by the
-    next write."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk stays full otherwise
-        raise
-    _fsync_dir(path.parent)
-
-
-def write_text(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, swapped in (``write_file``)."""
-    write_file(path, lambda tmp: Path(tmp).write_text(text))
