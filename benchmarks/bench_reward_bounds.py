@@ -57,7 +57,7 @@ def time_case(completion: str) -> str:
 EXTRACTION = {  # completions that took the old extraction seconds (issue 41, finding 3), and an ordinary one
     '"```" x 64,000': "```" * 64000,
     "96 KB of backticks after a line": "x\n" + "`" * 96000,
-    "a fence, 200,000 blank lines, the def": "```python\n" + "\n" * 200000 + "def f():\n    pass\n```",
+    "a fence, 20,000 blank lines, no def of f": "```python\n" + "\n" * 20000 + "x = 1\n```",
     "ordinary: one fenced function": "Here:\n```python\ndef f(x):\n    return x + 1\n```\nDone.",
 }
 
@@ -76,7 +76,7 @@ def main() -> None:
         print(f"| `{name}` | {time_case(completion)} |", flush=True)
 
     from dare.rewards.code_reward import extract_code
-    print("\n| code completion | extraction now | the fence regex before |\n|---|---:|---:|")
+    print("\n| code completion | extraction now | the old patterns (fence regex, def search) |\n|---|---:|---:|")
     for name, completion in EXTRACTION.items():
         times = []
         for fn in (extract_code, old_extraction):

@@ -30,10 +30,13 @@ def test_the_def_lines_the_old_pattern_found():
 
 
 def test_the_inputs_that_stalled_the_regexes():
-    """Inputs the regexes took seconds on (96 KB of backticks: 5.35 s; "```" x 64000: 13-16 s in the trainer's thread;
-    their times side by side: benchmarks/bench_reward_bounds.py) extract what the rules say."""
+    """Inputs the old patterns took seconds on (96 KB of backticks: 5.35-7.5 s; "```" x 64000: 13-31 s; 20,000 blank
+    lines before a block without the def: 12 s; side by side: benchmarks/bench_reward_bounds.py) extract what the rules
+    say."""
     assert fenced_blocks("```" * 64000) == [] and fenced_blocks("x\n" + "`" * 96000) == []
     assert extract_code("```" * 64000, "f") == "```" * 64000  # no fence: the raw completion
     assert extract_code("```python\n" + "\n" * 200000 + "def f():\n    pass\n```", "f").endswith("def f():\n    pass\n")
+    blank = "```python\n" + "\n" * 200000 + "x = 1\n```"  # the old def search: 12 s at 20,000 blank lines
+    assert extract_code(blank, "f") == "\n" * 200000 + "x = 1\n"  # no block defines f: the first block
     closing_and_opening = "```\n" + "``` ```\n" * 3  # each line closes a block and opens the next
     assert fenced_blocks(closing_and_opening) == _FENCE.findall(closing_and_opening) == [("", "")] * 4
