@@ -55,8 +55,9 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:  # config / input / file-system errors (a full disk...): one line, no traceback
         if logging.getLogger().isEnabledFor(logging.DEBUG):
             raise
+        from .commands._errors import report
         from .config.core import clip
-        print(f"dare {args.command}: error: {clip(str(e))}", file=sys.stderr)
+        report(args.command, clip(str(e)))  # a rank of a multi-process run: written for the launcher to print once
         return 2
 
 

@@ -102,3 +102,52 @@ def test_kill9_mid_run_then_resume_matches_uninterrupted_bit_for_bit(tmp_path):
     assert [r["step"] for r in resumed] == list(range(1, 31))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
     assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight]
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+def test_a_bad_recipe_in_a_multi_process_run_is_one_line(tmp_path):
+    """Every rank meets a batch that does not divide over 3 processes: the error is printed once, as one line, without
+    torchrun's ChildFailedError traceback (it was printed three times, then the launcher's traceback)."""
+    cmd = [sys.executable, "-m", "dare.cli", "train", "recipes/d1_tiny.yaml", *COMMON, "distributed.nproc=3",
+           f"train.output_dir={tmp_path / 'run'}", "train.steps=1"]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 2 and errors == [
+        "dare train: error: train.batch_size=4 prompts must be divisible by the 3 data-parallel ranks "
+        "(distributed.nproc x nnodes / sequence_parallel; each generates whole groups)"], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
+
+
+def test_the_launcher_prints_the_first_ranks_line_or_names_the_process_that_died(monkeypatch, capsys):
+    """dare/commands/_errors.py without processes: ranks' reported lines (the lowest rank's is printed), a rank that
+    died without one (its exit code or signal), Ctrl-C; the error folder is handed to the ranks and taken back."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from dare.commands import _errors
+
+    def failing(reports, exitcode):
+        def run(args):
+            for rank in reports:
+                monkeypatch.setenv("RANK", str(rank))
+                _errors.report("train", f"bad input seen by rank {rank}")
+            raise ChildFailedError("dare", {r: ProcessFailure(local_rank=r, pid=100 + r, exitcode=exitcode,
+                                                               error_file="") for r in (2, 1)})
+        return run
+
+    for reports, exitcode, rc, line in (
+            ([2, 1], 2, 2, "dare train: error: bad input seen by rank 1"),
+            ([], -9, 1, "dare train: error: process 1 of the run was killed by SIGKILL (its output is above)"),
+            ([], 3, 1, "dare train: error: process 1 of the run exited with code 3 (its output is above)")):
+        monkeypatch.setattr(torchrun, "run", failing(reports, exitcode))
+        assert _errors.launch("train", ["--standalone", "--nproc_per_node=3", "-m", "dare.cli"]) == rc
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+        assert _errors.ERROR_DIR not in os.environ
+    monkeypatch.setattr(torchrun, "run", lambda args: (_ for _ in ()).throw(SignalException("SIGINT", signal.SIGINT)))
+    assert _errors.launch("train", ["--standalone", "--nproc_per_node=2", "-m", "dare.cli"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    monkeypatch.delenv("RANK", raising=False)
+    _errors.report("train", "outside a launched run")  # no folder: printed here
+    assert capsys.readouterr().err == "dare train: error: outside a launched run\n"

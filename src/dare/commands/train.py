@@ -38,7 +38,11 @@ def run(args) -> int:
         cmd = torchrun_command(d.nproc, ["--log-level", str(args.log_level), "train", args.recipe, *args.overrides],
                                d.nnodes, d.rdzv_endpoint, d.rdzv_id)
         log.info("launching %d processes on each of %d node(s): %s", d.nproc, d.nnodes, " ".join(cmd))
-        return subprocess.call(cmd)
+        from ._errors import launch
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        if cmd[:len(launcher)] != launcher:  # torchrun_command's form: run it as it is
+            return subprocess.call(cmd)
+        return launch("train", cmd[len(launcher):])  # one line for a rank's error, not one per rank + a traceback
     from dare.trainer.loop import Trainer, TrainingError
 
     trainer = Trainer(recipe)
@@ -46,8 +50,9 @@ def run(args) -> int:
     try:
         history = trainer.run()
         finished = True
-    except TrainingError as e:  # diverged: a clear message, no traceback
-        print(f"dare train: error: {e}", file=sys.stderr)
+    except TrainingError as e:  # diverged: a clear message, no traceback (once, from a multi-process run)
+        from ._errors import report
+        report("train", str(e))
         return 1
     finally:
         trainer.env.close(sync=finished)
