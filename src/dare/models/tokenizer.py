@@ -39,37 +39,48 @@ def load_tokenizer(path_or_id, mask_token: Optional[str] = None):
     if folder.is_dir() and not any((folder / name).exists() for name in known):
         raise ValueError(f"{folder}: no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.json + merges.txt "
                          f"or tokenizer.model); point the tokenizer setting at the folder that holds them")
-    for name in ("tokenizer_config.json", "tokenizer.json"):
-        if (folder / name).exists():
-            try:
-                json.loads((folder / name).read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{folder / name}: not a valid JSON file ({e})") from None
     cfg_file = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-    cls_name = STOCK_TOKENIZER_FOR.get(cfg.get("tokenizer_class", ""))
-    if cls_name is None:
-        # AutoTokenizer also parses config.json with the base config class, which warns that our model_type is
-        # not one transformers knows (and, for published configs with ``rope_scaling``, that the key is
-        # deprecated); the tokenizer depends on neither, so keep both warnings out of users' logs.
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.exists() else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg_file}: not a valid JSON file ({e})") from None
+
+    def load():
+        cls_name = STOCK_TOKENIZER_FOR.get(cfg.get("tokenizer_class", ""))
+        if cls_name is None:
+            # AutoTokenizer also parses config.json with the base config class, which warns that our model_type is
+            # not one transformers knows (and, for published configs with ``rope_scaling``, that the key is
+            # deprecated); the tokenizer depends on neither, so keep both warnings out of users' logs.
+            verbosity = transformers.logging.get_verbosity()
+            transformers.logging.set_verbosity_error()
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*rope_scaling.*deprecated", category=FutureWarning)
+                    return transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            except ValueError as e:  # a custom class we do not know: fall back on the files that are there
+                if (folder / "tokenizer.json").exists():
+                    cls_name = "PreTrainedTokenizerFast"
+                elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+                    cls_name = "Qwen2Tokenizer"
+                else:
+                    raise ValueError(f"cannot load the tokenizer in {folder} without remote code: {e}") from e
+                log.warning("tokenizer class %r needs remote code; loading %s instead", cfg.get("tokenizer_class"),
+                            cls_name)
+            finally:
+                transformers.logging.set_verbosity(verbosity)
+        return getattr(transformers, cls_name).from_pretrained(str(folder))
+
+    try:
+        tok = load()
+    except Exception:
+        # Only now is tokenizer.json read as JSON to name it (a real one is ~10 MB: every load would pay the parse).
+        path = folder / "tokenizer.json"
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*rope_scaling.*deprecated", category=FutureWarning)
-                tok = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-        except ValueError as e:  # a custom class we do not know: fall back on the files that are there
-            if (folder / "tokenizer.json").exists():
-                cls_name = "PreTrainedTokenizerFast"
-            elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
-                cls_name = "Qwen2Tokenizer"
-            else:
-                raise ValueError(f"cannot load the tokenizer in {folder} without remote code: {e}") from e
-            log.warning("tokenizer class %r needs remote code; loading %s instead", cfg.get("tokenizer_class"), cls_name)
-        finally:
-            transformers.logging.set_verbosity(verbosity)
-    if cls_name is not None:
-        tok = getattr(transformers, cls_name).from_pretrained(str(folder))
+            if path.exists():
+                json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a valid JSON file ({e})") from None
+        raise
     if mask_token is not None:
         tok.add_special_tokens({"mask_token": mask_token})
     elif tok.mask_token is None:
