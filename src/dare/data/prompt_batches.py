@@ -19,7 +19,6 @@ from .limits import PREFIX_CHARS_PER_TOKEN, check_characters
 from .schema import BadRowPolicy, DataError
 
 
-
 def batches_well(tokenizer) -> bool:
     """A transformers fast tokenizer: ``tokenizer(texts)`` encodes each text as ``tokenizer(text)`` does."""
     try:
@@ -54,7 +53,7 @@ class _Build:
                 for ex in rows:
                     self._one_row(ex, out)
                 continue
-            ids = self.tokenizer([text for text in ready], add_special_tokens=not self.chat)["input_ids"]
+            ids = self.tokenizer(ready, add_special_tokens=not self.chat)["input_ids"]
             for ex, text, row_ids in zip(rows, ready, ids):
                 try:
                     self._check_length(ex, row_ids)
