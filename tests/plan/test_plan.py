@@ -63,6 +63,26 @@ def test_plan_follows_the_trainers_wrapping():
     assert "unsharded gradients" in plain.phases[-1].breakdown and every.peak_bytes < plain.peak_bytes
 
 
+# EGSPO and d-OPSD divide a step's work between their inner iterations (``iterations_split_work``); d-TreeRPO scores
+# views every iteration shares once; d1 draws fresh views per iteration. Before issue 39's fix a plan at mu = 4 counted
+# EGSPO / d-OPSD's score and update and the shared scoring twice (the plan shrank mu to 2 and scaled everything by 2).
+@pytest.mark.parametrize("recipe,mu", [("recipes/rl/egspo.yaml", 2), ("recipes/rl/egspo.yaml", 4),
+                                       ("recipes/rl/d_opsd.yaml", 2), ("recipes/rl/d_opsd.yaml", 4),
+                                       ("recipes/rl/dtreerpo.yaml", 4), ("recipes/d1_tiny.yaml", 4)])
+def test_planned_flops_equal_the_whole_step_on_real_tensors(recipe, mu):
+    """The planner's reductions (two inner iterations, two micro-batches, one update iteration) scale back to the
+    FLOPs of the whole step, run unreduced on real tensors at the same settings."""
+    from dare.trainer.model_setup import load_policy
+    over = [f"algorithm.inner_iterations={mu}"] + (["algorithm.sample_train_steps=4"] if "egspo" in recipe else [])
+    r = load_recipe(ROOT / recipe, over)
+    planned = _planned(r, 1)
+    model, _ = load_policy(r.model)
+    whole = plan_recipe(r, PlanOptions(gpus=1, target="cpu", simulate=False, reduced=False, model=model))
+    assert planned.error is None and whole.error is None, (planned.error, whole.error)
+    flops = lambda p: {ph.name: ph.flops for ph in p.phases if ph.name != "rollout"}  # the decode: probed, not run
+    assert flops(planned) == pytest.approx(flops(whole), rel=1e-3) and set(flops(whole)) == {"score", "update"}
+
+
 def test_verdict_names_the_phase_and_the_knobs():
     from dare.plan.report import table, verdict
     r = load_recipe(ROOT / "recipes/d1_tiny.yaml")

@@ -76,7 +76,7 @@ class NaNSFT(SFT):
         return (loss * float("nan") if ctx.step in self.bad else loss), m
 
 
-def test_nan_steps_are_skipped_then_abort(tmp_path):
+def test_nan_steps_are_skipped_then_abort(tmp_path, caplog):
     NaNSFT.bad = {1}
     t = Trainer(sft_recipe(tmp_path / "a", "algorithm.name=test_nan_sft", "train.steps=3"))
     before = [p.detach().clone() for p in t.model.parameters()]
@@ -85,9 +85,11 @@ def test_nan_steps_are_skipped_then_abort(tmp_path):
     assert all(torch.isfinite(p).all() for p in t.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
     NaNSFT.bad = {0, 1, 2}
-    with pytest.raises(TrainingError, match="max_bad_steps"):
+    with caplog.at_level("WARNING", logger="dare"), \
+            pytest.raises(TrainingError, match=r"max_bad_steps=1\).*; no checkpoint was written before it$"):
         Trainer(sft_recipe(tmp_path / "b", "algorithm.name=test_nan_sft", "train.steps=3", "train.max_bad_steps=1")).run()
     assert not (tmp_path / "b" / "checkpoints").exists()
+    assert "step 1: non-finite loss (loss nan, grad norm" in caplog.text
 
 
 def test_bad_rows_and_config_errors_name_the_culprit(tmp_path):

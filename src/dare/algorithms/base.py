@@ -156,6 +156,10 @@ class Algorithm:
     # The corruption draws nothing (a replay of the rollout's trace): every inner iteration scores the views of the
     # first, which the prepare stage then scores once.
     deterministic_views: ClassVar[bool] = False
+    # The inner iterations divide the step's work between them (each trains its own share of the selected steps or
+    # recorded states) instead of repeating it on fresh noise: ``dare plan`` then runs the real count of them (it
+    # plans repeating iterations as two and scales).
+    iterations_split_work: ClassVar[bool] = False
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

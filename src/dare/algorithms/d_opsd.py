@@ -155,6 +155,7 @@ class DOPSD(Algorithm):
     config_class = DOPSDConfig
     data_kind = "prompts"
     uses_rollout = True
+    iterations_split_work = True  # iteration j trains chunk j of each row's recorded states
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {
         "block_causal": "the teacher's only extra information is tokens of *future* blocks; under block-causal "

@@ -193,6 +193,7 @@ def pairs_key(iteration: int) -> str:
 class EGSPO(GRPOAlgorithm):
     """Exact per-step policy gradient on the K highest-entropy denoising steps; group-centred terminal reward."""
     name = "egspo"
+    iterations_split_work = True  # iteration j trains slots [j K/mu, (j+1) K/mu)
     paper = PaperSettings(
         lr=3e-5, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64}, published_code=True,
         sampler={"record_entropy": True},

@@ -6,7 +6,6 @@ from typing import Optional
 
 from .config import DataConfig
 from .limits import encode_within
-from .schema import BadRowPolicy, DataError  # noqa: F401  (the published plans record this module's imports)
 from .templates import Prompt, Template, get_template
 
 

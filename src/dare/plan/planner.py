@@ -10,8 +10,10 @@ is a steady-state step. With ``simulate=False`` the same code runs on real tenso
 To stay fast, a planned step does less work than a real one where repetitions are identical in memory, and scales
 their FLOPs back (``Plan.scaled``): at most two micro-batches per rank in scoring and update (the first without and
 the last with gradient reduction, as the trainer does), at most two inner iterations in scoring and one in the
-update, one rollout chunk of
-``rollout.micro_batch_size`` prompts probed for its first two denoising steps.
+update (iterations that repeat their work on fresh noise; a method whose iterations divide the step's work between
+them runs its real count; what scoring runs once per step is counted once), one rollout chunk of
+``rollout.micro_batch_size`` prompts probed for its first two denoising steps. ``PlanOptions(reduced=False)`` runs
+the whole step instead, nothing scaled: with ``simulate=False``, the check of these reductions.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class PlanOptions:
     simulate: bool = True  # False: real tensors (validation)
     replay: bool = True  # repeated no-grad scoring forwards of the same shapes simulated once (plan/replay.py)
     model: Optional[torch.nn.Module] = None  # a real model (simulate=False); default: built from the config
+    reduced: bool = True  # False: the whole step as training runs it, nothing scaled (the check of the reductions)
 
 
 @dataclass
@@ -109,15 +112,20 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------------------
 # the reduced recipe that is simulated
 # ---------------------------------------------------------------------------------------------------------------
-def planned_recipe(recipe, world: int, uses_rollout: bool):
-    """(recipe to simulate, FLOP scale per phase, rollout prompts kept per rank)."""
+def planned_recipe(recipe, world: int, algo):
+    """(recipe to simulate, FLOP scale per phase, rollout prompts kept per rank).
+
+    Inner iterations that repeat the step's work on fresh noise are planned as two (the score phase's per-iteration
+    scoring is scaled by ``mu / 2`` in ``plan_recipe``, the update runs one); a method whose iterations divide the
+    work between them (``Algorithm.iterations_split_work``: EGSPO's steps, d-OPSD's states) is planned at its real
+    count, since two of its iterations hold ``mu / 2`` times the work of two real ones."""
     micro = recipe.train.micro_batch_size
     algo_cfg = recipe.algorithm
     n_it = getattr(algo_cfg, "inner_iterations", 1)
-    it_planned = min(n_it, 2)
+    it_planned = n_it if algo.iterations_split_work else min(n_it, 2)
     if n_it != it_planned:
         algo_cfg = dataclasses.replace(algo_cfg, inner_iterations=it_planned)
-    if uses_rollout:
+    if algo.uses_rollout:
         per_rank = recipe.train.batch_size // max(world, 1)
         rows = per_rank * recipe.rollout.group_size
         kept_prompts = min(per_rank, max(1, -(-2 * micro // recipe.rollout.group_size)))
@@ -129,11 +137,43 @@ def planned_recipe(recipe, world: int, uses_rollout: bool):
         kept_prompts = None
         batch = kept_rows * world
     micro_scale = math.ceil(rows / micro) / math.ceil(kept_rows / micro)
-    # the update runs one inner iteration (``_PhaseMeter`` ends the step at the second: same memory)
-    scale = {"score": micro_scale * n_it / it_planned, "update": micro_scale * n_it}
+    # the update runs one inner iteration (``_PhaseMeter`` ends the step at the second: same memory); the score
+    # phase's scale is completed by ``plan_recipe`` once it knows which part of the scoring ran per iteration
+    scale = {"score": micro_scale, "update": micro_scale * n_it}
     train = dataclasses.replace(recipe.train, batch_size=batch)
     planned = dataclasses.replace(recipe, algorithm=algo_cfg, train=train)
     return planned, scale, kept_prompts
+
+
+@contextlib.contextmanager
+def _iteration_scoring(meter, out: list):
+    """Appends ``(iteration, FLOPs)`` of each inner iteration's views the score phase scores (``stages.score_iteration``:
+    under the policy before the update, under the reference). Iterations with the same views are scored once."""
+    from ..trainer import stages
+    original = stages.score_iteration
+
+    def counted(algo, ctx, model, batch, it, *args, **kwargs):
+        if meter.current != "score":
+            return original(algo, ctx, model, batch, it, *args, **kwargs)
+        before = meter.counter.get_total_flops()
+        try:
+            return original(algo, ctx, model, batch, it, *args, **kwargs)
+        finally:
+            out.append((it, meter.counter.get_total_flops() - before))
+    stages.score_iteration = counted
+    try:
+        yield
+    finally:
+        stages.score_iteration = original
+
+
+def _score_flops(measured: float, iterations: list, ratio: float) -> float:
+    """The score phase's FLOPs with ``ratio`` (real / planned inner iterations) applied to the per-iteration scoring
+    only when the planned iterations scored views of their own: what runs once per step (the method's prepare and
+    frozen passes, companions, views shared by every iteration) runs once in training too."""
+    per_iteration = sum(f for _, f in iterations)
+    fresh = any(it > 0 for it, _ in iterations)
+    return measured - per_iteration + per_iteration * (ratio if fresh else 1.0)
 
 
 def decode_flops(f_first: float, f_step: float, sampler, adapter, prompt_length: int) -> float:
@@ -287,8 +327,8 @@ class _StepPlanned(Exception):
 class _PhaseMeter:
     """``Trainer.phase`` for a planned step: per phase the peak of rank 0 (since the phase began) and FLOPs."""
 
-    def __init__(self, tracker):
-        self.tracker = tracker
+    def __init__(self, tracker, whole_step: bool = False):
+        self.tracker, self.whole_step = tracker, whole_step
         self.results: dict[str, PhasePlan] = {}
         self.probes: dict[int, float] = {}
         self.kv_bytes = 0
@@ -301,7 +341,7 @@ class _PhaseMeter:
 
     @contextlib.contextmanager
     def __call__(self, name: str):
-        if name == "update" and name in self.results:
+        if name == "update" and name in self.results and not self.whole_step:
             raise _StepPlanned  # further inner iterations repeat the first one's memory; their FLOPs are scaled
         self._reset_peak()
         self.current = name
@@ -419,8 +459,13 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
     memory = opts.gpu_memory or gpu.memory_bytes
     budget = int(memory * (1.0 - opts.margin)) - opts.reserved_bytes
     dp = world // recipe.distributed.sequence_parallel  # a sequence-parallel group shares its data
-    planned, scale, kept_prompts = planned_recipe(recipe, dp, build_algorithm(recipe.algorithm).uses_rollout)
+    if opts.reduced:
+        planned, scale, kept_prompts = planned_recipe(recipe, dp, build_algorithm(recipe.algorithm))
+    else:
+        planned, scale, kept_prompts = recipe, {}, recipe.train.batch_size // max(dp, 1)
     algo = build_algorithm(planned.algorithm)
+    iteration_ratio = getattr(recipe.algorithm, "inner_iterations", 1) / getattr(planned.algorithm, "inner_iterations", 1)
+    scored_iterations: list = []
     if opts.model is not None:
         model, source_desc = opts.model, "the given model"
     else:
@@ -451,7 +496,7 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         tokenizer = PlanTokenizer(model.adapter, vocab)
         source = _sources(planned, algo, tokenizer, env, model.adapter, vocab, opts.prompt_length)
         tracker = _tracker(built, built.fsdp)
-        meter = _PhaseMeter(tracker)
+        meter = _PhaseMeter(tracker, whole_step=not opts.reduced)
         rollout = None
         if algo.uses_rollout:
             rollout = SimulatedRollout(planned, tokenizer, env, vocab, meter.probe, kept_prompts)
@@ -462,7 +507,8 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         try:
             models = [built.model, getattr(built.reference, "module", None), *built.companions.modules().values()]
             with (sim if sim is not None else contextlib.nullcontext()), tracker, \
-                    replaying(meter, tracker, models, enabled=opts.replay and sim is not None):
+                    replaying(meter, tracker, models, enabled=opts.replay and sim is not None), \
+                    _iteration_scoring(meter, scored_iterations):
                 _prime_optimizers(built)
                 primed = len(steps_taken)
                 try:
@@ -491,7 +537,12 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             res.kv_cache_bytes = meter.kv_bytes
             res.seconds = res.flops / (opts.rollout_mfu * gpu.bf16_flops)
         else:
+            measured = res.flops
+            if name_ == "score":
+                res.flops = _score_flops(measured, scored_iterations, iteration_ratio)
             res.flops *= scale.get(name_, 1.0)
+            if name_ == "score" and scale and measured:  # the whole factor, as the report shows it
+                scale["score"] = res.flops / measured
             res.seconds = res.flops / (opts.train_mfu * gpu.bf16_flops)
         plan.phases.append(res)
     return plan

@@ -275,12 +275,17 @@ class Trainer:
         self.companions.zero_grad()
         self.bad_steps += 1
         limit = self.recipe.train.max_bad_steps
-        log.warning("step %d: non-finite loss %s / grad norm %s; update skipped (%d of at most %d)",
-                    step + 1, loss, grad_norm, self.bad_steps, limit)
+        what = ("loss" if not math.isfinite(loss) else "gradient norm" if not math.isfinite(grad_norm)
+                else "companion gradient norm")
+        log.warning("step %d: non-finite %s (loss %s, grad norm %s); update skipped (%d of at most %d)",
+                    step + 1, what, loss, grad_norm, self.bad_steps, limit)
         if self.bad_steps > limit:
+            intact = self.ckpt.latest_intact()
             raise TrainingError(f"aborting at step {step + 1}: {self.bad_steps} non-finite losses/gradients "
                                 f"(train.max_bad_steps={limit}). Lower optim.lr, enable optim.grad_clip, or use a "
-                                f"higher-precision model.dtype; the last intact checkpoint is {self.ckpt.latest_intact()}")
+                                f"higher-precision model.dtype; "
+                                + (f"the last intact checkpoint is {intact}" if intact is not None else
+                                   "no checkpoint was written before it"))
         return grad_norm, False
 
     # --- checkpoints, eval ----------------------------------------------------------------------------------
