@@ -114,6 +114,40 @@ def test_unsupported_config_option_is_named(tmp_path):
         load_model(d)
 
 
+def _edited(cfg, edit):
+    cfg = dict(cfg)
+    edit(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("fixture,edit,message", [
+    ("llada-tiny", lambda c: c.update(n_layers="two"), r"^llada: num_layers must be a positive integer, got 'two' "
+                                                       r"\(config.json: n_layers\)$"),
+    ("llada-tiny", lambda c: c.pop("d_model"), r"^llada: config.json has no 'd_model'$"),
+    ("llada-tiny", lambda c: c.update(d_model=63), r"^llada: hidden_size 63 is not a multiple of num_heads 4"),
+    ("sdar-tiny", lambda c: c.update(num_attention_heads=0), r"^sdar: num_heads must be a positive integer, got 0 "
+                                                             r"\(config.json: num_attention_heads\)$"),
+    ("dream-tiny", lambda c: c.update(hidden_size="64"), r"^dream: config.json holds a value of the wrong type"),
+])
+def test_impossible_model_configs_are_one_line_naming_the_key(fixture, edit, message, tmp_path):
+    d = _copy_fixture(fixture, tmp_path)
+    (d / "config.json").write_text(json.dumps(_edited(json.loads((d / "config.json").read_text()), edit)))
+    with pytest.raises(UnsupportedModelError, match=message):
+        load_model(d)
+
+
+def test_config_that_is_not_an_object_is_named(tmp_path):
+    d = _copy_fixture("llada-tiny", tmp_path)
+    (d / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match=r"config.json: expected a JSON object of the model's settings, got a list$"):
+        load_model(d)
+
+
+def test_tiny_sizes_that_no_model_can_have_are_named():
+    with pytest.raises(UnsupportedModelError, match=r"hidden_size 63 is not a multiple of num_heads 4"):
+        tiny("llada", hidden_size=63)
+
+
 def test_mask_token_resolution_order(tmp_path):
     # config without mask id and no tokenizer -> clear error naming the remedy
     with pytest.raises(CheckpointError, match="mask_token_id"):

@@ -27,6 +27,17 @@ class MoESpec:
     shared_intermediate_size: Optional[int] = None
 
 
+_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
+
+
+class ArchError(ValueError):
+    """A size no model can have; ``field`` names the ``ModelArch`` field (a family names its config key)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass
 class ModelArch:
     vocab_size: int
@@ -55,6 +66,13 @@ class ModelArch:
     router_fp32: bool = True
 
     def __post_init__(self):
+        for name in _SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArchError(name, f"{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_heads and self.head_dim == self.hidden_size // self.num_heads:
+            raise ArchError("hidden_size", f"hidden_size {self.hidden_size} is not a multiple of num_heads "
+                                           f"{self.num_heads} (head_dim = hidden_size / num_heads)")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.rotary_dim is None:

@@ -34,7 +34,7 @@ class Builder:
 def build_native(spec: FamilySpec, cfg: dict, mask_token_id: int, dtype=None, device=None, attn_backend: str = "auto",
                  init: bool = True) -> DiffusionLM:
     """dare's ``DiffusionLM`` of ``spec``'s architecture read from ``cfg`` (random init, or on the meta device)."""
-    arch, adapter = spec.arch(cfg), spec.adapter(cfg, mask_token_id)
+    arch, adapter = spec.read_arch(cfg), spec.adapter(cfg, mask_token_id)
     if init:
         return DiffusionLM(arch, adapter, cfg, spec.name, attn_backend).to(dtype=dtype, device=device).fuse_projections()
     with torch.device("meta"):

@@ -394,7 +394,7 @@ def build_diffusion_gemma(spec: FamilySpec, cfg: dict, mask_token_id: int = -1, 
     """transformers' model of ``cfg`` behind dare's API (random init, or parameters on the meta device)."""
     _require_transformers_model(spec)
     from transformers import DiffusionGemmaForBlockDiffusion
-    arch, adapter = spec.arch(cfg), spec.adapter(cfg, mask_token_id)
+    arch, adapter = spec.read_arch(cfg), spec.adapter(cfg, mask_token_id)
     config = _hf_config(cfg)
     if init:
         model = DiffusionGemmaLM(DiffusionGemmaForBlockDiffusion(config), arch, adapter, cfg, spec.name)
@@ -409,7 +409,7 @@ def load_diffusion_gemma(spec: FamilySpec, folder: Path, cfg: dict, mask_token_i
     ``CheckpointError`` naming it (transformers itself only warns)."""
     _require_transformers_model(spec)
     from transformers import DiffusionGemmaForBlockDiffusion
-    arch, adapter = spec.arch(cfg), spec.adapter(cfg, mask_token_id)
+    arch, adapter = spec.read_arch(cfg), spec.adapter(cfg, mask_token_id)
     try:
         with quiet_transformers():
             hf, info = DiffusionGemmaForBlockDiffusion.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa",

@@ -61,9 +61,12 @@ def read_config(folder: Path) -> dict:
     if not f.exists():
         raise CheckpointError(f"{folder} has no config.json")
     try:
-        return json.loads(f.read_text())
+        cfg = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{f}: invalid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{f}: expected a JSON object of the model's settings, got a {type(cfg).__name__}")
+    return cfg
 
 
 def mask_token_from_tokenizer(folder: Path, family: FamilySpec) -> Optional[int]:

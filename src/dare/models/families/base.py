@@ -14,7 +14,7 @@ import re
 from typing import Optional
 
 from ..adapter import FamilyAdapter
-from ..arch import ModelArch
+from ..arch import ArchError, ModelArch
 
 FAMILIES: dict[str, "FamilySpec"] = {}
 
@@ -58,6 +58,20 @@ class FamilySpec:
     def arch(self, cfg: dict) -> ModelArch:
         """The sizes and architecture flags read from ``cfg`` (unsupported values are an ``UnsupportedModelError``)."""
         raise NotImplementedError
+
+    def read_arch(self, cfg: dict) -> ModelArch:
+        """``arch(cfg)``, with a config that lacks a key, holds a value of the wrong type or an impossible size as
+        one ``UnsupportedModelError`` that names the key (builders call this, families implement ``arch``)."""
+        try:
+            return self.arch(cfg)
+        except KeyError as e:
+            raise UnsupportedModelError(f"{self.name}: config.json has no {e.args[0]!r}") from None
+        except ArchError as e:
+            keys = self.size_keys.get(e.field)
+            raise UnsupportedModelError(f"{self.name}: {e}" + (f" (config.json: {' / '.join(keys)})" if keys else "")) \
+                from None
+        except TypeError as e:
+            raise UnsupportedModelError(f"{self.name}: config.json holds a value of the wrong type ({e})") from None
 
     def adapter(self, cfg: dict, mask_token_id: int) -> FamilyAdapter:
         """What samplers and trainers need to know (mask / stop ids, attention kind, block size, noise)."""

@@ -55,7 +55,8 @@ class LLaDA(FamilySpec):
     }
 
     def matches(self, cfg):
-        return cfg.get("model_type") == "llada" and "LLaDAMoEModelLM" not in (cfg.get("architectures") or []) and "d_model" in cfg
+        return cfg.get("model_type") == "llada" and "LLaDAMoEModelLM" not in (cfg.get("architectures") or []) and (
+            "d_model" in cfg or "hidden_size" not in cfg)
 
     def arch(self, cfg):
         self.check_supported(cfg)
