@@ -181,7 +181,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = yaml.load(raw, Loader=_LOADER) if raw.strip() != "" else ""
+        value = _load_bounded(raw, f"override {key}") if raw.strip() != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -222,9 +222,33 @@ def _yaml_float_loader():
 _LOADER = _yaml_float_loader()
 
 
-def _duplicate_key(node, path: str = "") -> Optional[str]:
+MAX_YAML_VALUES = 1_000_000  # values a config may stand for once its aliases are expanded
+
+
+def _expanded_size(node, sizes: dict) -> int:
+    """How many nodes ``node`` (a composed YAML node) stands for with its aliases expanded, each shared node's count
+    computed once (an alias bomb's ten levels of ten aliases stand for 10^10 values in a few hundred nodes)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a node inside itself counts once
+    if isinstance(node, yaml.MappingNode):
+        total = 1 + sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        total = 1 + sum(_expanded_size(v, sizes) for v in node.value)
+    else:
+        total = 1
+    sizes[id(node)] = min(total, MAX_YAML_VALUES + 1)
+    return sizes[id(node)]
+
+
+def _duplicate_key(node, path: str = "", checked: Optional[set] = None) -> Optional[str]:
     """``"key 'a.b' appears twice (lines M and N)"`` for the first mapping key given twice under ``node`` (a composed
-    YAML node), else None. YAML loaders keep the last value silently, which drops a whole recipe section."""
+    YAML node), else None. YAML loaders keep the last value silently, which drops a whole recipe section. A node an
+    alias shares is checked once."""
+    checked = set() if checked is None else checked
+    if id(node) in checked:
+        return None
+    checked.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict = {}
         for key_node, value_node in node.value:
@@ -234,22 +258,37 @@ def _duplicate_key(node, path: str = "") -> Optional[str]:
                 if key_node.value in seen:
                     return f"key {name!r} appears twice (lines {seen[key_node.value]} and {line})"
                 seen[key_node.value] = line
-                found = _duplicate_key(value_node, name)
+                found = _duplicate_key(value_node, name, checked)
             else:
-                found = _duplicate_key(value_node, path)
+                found = _duplicate_key(value_node, path, checked)
             if found:
                 return found
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            found = _duplicate_key(item, f"{path}[{i}]")
+            found = _duplicate_key(item, f"{path}[{i}]", checked)
             if found:
                 return found
     return None
 
 
+def _bounded_node(text: str, source: str):
+    """``text`` composed; one whose aliases stand for more than ``MAX_YAML_VALUES`` values is a ``ConfigError`` (its
+    Python data would take minutes to walk)."""
+    node = yaml.compose(text, Loader=_LOADER)
+    if _expanded_size(node, {}) > MAX_YAML_VALUES:
+        raise ConfigError(f"{source}: its aliases expand to more than {MAX_YAML_VALUES:,} values (a YAML alias bomb?)")
+    return node
+
+
+def _load_bounded(text: str, source: str):
+    _bounded_node(text, source)
+    return yaml.load(text, Loader=_LOADER)
+
+
 def _load_checked(text: str, source: str):
     """YAML ``text`` as Python data; a key given twice in one mapping is a ``ConfigError`` naming it and both lines."""
-    problem = _duplicate_key(yaml.compose(text, Loader=_LOADER))
+    node = _bounded_node(text, source)
+    problem = _duplicate_key(node)
     if problem:
         raise ConfigError(f"{source}: {problem}; remove one (YAML would silently keep the last)")
     return yaml.load(text, Loader=_LOADER)
