@@ -246,6 +246,24 @@ def test_bytes_that_are_not_utf8_name_file_row_and_line(tmp_path):
         load_examples(DataConfig(path=str(tmp_path / "latin.json")))
 
 
+def test_a_lone_surrogate_names_its_row_and_field_and_a_device_is_not_a_data_file(tmp_path):
+    # "\ud800" without its pair is valid JSON that decodes to no text (a tokenizer raised a TypeError on it);
+    # a pair ("\ud83d\ude00": an emoji) is text.
+    rows = ['{"question": "q \\ud83d\\ude00", "answer": "#### 1"}', '{"question": "a\\ud800b", "answer": "#### 2"}',
+            '{"question": "q", "answer": "#### 3"}']
+    path = _write(tmp_path / "sur.jsonl", rows)
+    with pytest.raises(DataError, match=r"sur\.jsonl, row 1 \(line 2\): field 'question' holds a lone UTF-16 "
+                                        r"surrogate \(\\ud800 at character 2\), which is not text$"):
+        load_examples(DataConfig(path=str(path)))
+    kept = load_examples(DataConfig(path=str(path), on_bad_row="skip"))
+    assert [e["ground_truth"] for e in kept] == ["1", "3"] and kept[0]["question"] == "q \U0001f600"
+    (tmp_path / "sur.json").write_text("[" + ", ".join(rows) + "]")
+    with pytest.raises(DataError, match=r"sur\.json, row 1: field 'question' holds a lone UTF-16 surrogate"):
+        load_examples(DataConfig(path=str(tmp_path / "sur.json")))
+    with pytest.raises(DataError, match=r"data file /dev/zero is not a regular file \(a device, pipe or socket\)"):
+        load_examples(DataConfig(path="/dev/zero"))
+
+
 def test_skip_policy_skips_lines_that_are_not_json_objects(tmp_path, caplog):
     # docs/data.md: on_bad_row: skip leaves out broken JSON too (it used to stop the load with an error)
     path = _write(tmp_path / "broken.jsonl", [json.dumps({"question": "a", "answer": "#### 1"}), "{not json", "[1, 2]",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -91,6 +92,26 @@ def _decode(raw: Optional[bytes], loc: str) -> str:
                         f"re-encode the file as UTF-8") from None
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value, field: str = "") -> Optional[str]:
+    """``"field 'a' holds ..."`` for the first string under ``value`` with a lone UTF-16 surrogate (JSON's
+    ``"\\ud800"`` without its pair decodes to one: no tokenizer takes it), else None."""
+    if isinstance(value, str):
+        for i, c in enumerate(value):
+            if "\ud800" <= c <= "\udfff":
+                return (f"field {field!r} " if field else "") + \
+                    f"holds a lone UTF-16 surrogate (\\u{ord(c):04x} at character {i + 1}), which is not text"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _lone_surrogate(item, f"{field}.{key}" if field else str(key) if isinstance(key, str) else f"{field}[{key}]")
+        if found:
+            return found
+    return None
+
+
 def _parquet(path: Path, on_bad: OnBad) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
@@ -120,6 +141,11 @@ def _jsonl(path: Path, on_bad: OnBad) -> Iterator[Record]:
         if not isinstance(data, dict):
             on_bad(DataError(f"{loc}: expected a JSON object, got {type(data).__name__}"))
             continue
+        if _SURROGATE_ESCAPE.search(raw):  # cheap: only a line that escapes a surrogate can hold a lone one
+            problem = _lone_surrogate(data)
+            if problem:
+                on_bad(DataError(f"{loc}: {problem}"))
+                continue
         yield Record(str(path), row - 1, line_no, data)
 
 
@@ -146,9 +172,14 @@ def _json(path: Path, on_bad: OnBad) -> Iterator[Record]:
         data = lists[0]
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+    escapes = _SURROGATE_ESCAPE.search(raw) is not None
     for i, item in enumerate(data):
         if not isinstance(item, dict):
             on_bad(DataError(f"{where(str(path), i)}: expected a JSON object, got {type(item).__name__}"))
+            continue
+        problem = _lone_surrogate(item) if escapes else None
+        if problem:
+            on_bad(DataError(f"{where(str(path), i)}: {problem}"))
             continue
         yield Record(str(path), i, None, item)
 
@@ -202,6 +233,9 @@ def read_records(path, on_bad: Optional[OnBad] = None) -> Iterator[Record]:
     if path.is_dir():
         raise IsADirectoryError(f"data file {path} is a directory, not a file; name a .jsonl, .parquet, .json or .csv "
                                 f"file in it")
+    if path.exists() and not path.is_file():
+        raise DataError(f"data file {path} is not a regular file (a device, pipe or socket); name a .jsonl, "
+                        f".parquet, .json or .csv file")
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     return _READERS[file_type(path)](path, on_bad or _raise)
