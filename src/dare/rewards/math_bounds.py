@@ -154,7 +154,7 @@ class _Scanner:
 
     @staticmethod
     def _starts_item(token: str) -> bool:
-        return (token in _OPENERS or token[0].isdigit() or (token[0] == "." and len(token) > 1) or token.isalpha()
+        return (token in _OPENERS or token[0].isdecimal() or (token[0] == "." and len(token) > 1) or token.isalpha()
                 or (token[0] == "\\" and len(token) > 2))
 
     def argument(self) -> _Size:
@@ -172,7 +172,7 @@ class _Scanner:
         self.i += 1
         if token in _OPENERS:
             return self.sequence()
-        if token[0].isdigit() or token[0] == ".":
+        if token[0].isdecimal() or token[0] == ".":
             return _number(token)
         if token in _FRACTIONS:
             top, bottom = self.argument(), self.argument()

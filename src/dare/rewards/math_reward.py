@@ -129,10 +129,14 @@ def math_verify_equivalent(prediction: str, gold: str) -> bool:
 
 
 def answers_equivalent(prediction: Optional[str], gold: str) -> bool:
+    from .answer_words import combining_mark, spelled_values
     if prediction is None or not prediction.strip():
         return False
     if len(prediction) > MAX_ANSWER_CHARS:  # bounded before any normalisation (see math_bounds)
         return False
+    if combining_mark(prediction) is not None and combining_mark(gold) is None:
+        return False  # "7" with a combining overlay (U+0338: "not 7") is not 7
+    prediction, gold = spelled_values(prediction), spelled_values(gold)  # "7 hundred" is 700, not 7 and a unit
     if strings_equivalent(prediction, gold):
         return True
     return math_verify_equivalent(prediction, gold)
