@@ -22,6 +22,7 @@ import pytest
 from dare.rewards import (
     SandboxLimits, build_program, detect_isolation, extract_code, run_code, run_python, set_code_limits,
 )
+from dare.rewards import sandbox_memory
 from dare.rewards.sandbox_uids import _UID_BASE, _UID_SLOTS
 
 from tests.rewards.sandbox_battery import (
@@ -124,7 +125,10 @@ def escaped():
     # unenforced limit passes (and fails the assertion) instead of eating the machine.
     patient = dataclasses.replace(HOSTILE_LIMITS, timeout=15.0)
     result = run_python("blocks = []\nfor _ in range(64):\n    blocks.append(bytearray(16 << 20))\n", patient, mode)
-    assert not result.passed and "MemoryError" in result.output, (result.status, result.duration)
+    if sandbox_memory.available():  # the sample's memory cgroup stops it (SIGKILL) before its address space limit
+        assert not result.passed and result.status == "memory", (result.status, result.duration, result.output[-300:])
+    else:
+        assert not result.passed and "MemoryError" in result.output, (result.status, result.duration)
     assert_nothing_left()
 
 

@@ -65,7 +65,7 @@ _ENV_ISOLATION = "DARE_SANDBOX_ISOLATION"  # force a mode: bwrap | unshare | non
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout: float = 5.0  # wall-clock seconds; the whole process tree is killed after it
-    memory_bytes: int = 1 << 30  # RLIMIT_AS
+    memory_bytes: int = 1 << 30  # the sample as a whole (a memory cgroup, where the host allows: sandbox_memory) and RLIMIT_AS
     cpu_seconds: Optional[int] = None  # RLIMIT_CPU; default ceil(timeout) + 1
     max_processes: int = 16  # processes/threads the program may add (RLIMIT_NPROC above the current count)
     file_bytes: int = 16 << 20  # RLIMIT_FSIZE, largest file the program may write
@@ -77,7 +77,7 @@ class SandboxLimits:
 @dataclass
 class SandboxResult:
     passed: bool
-    status: str  # passed | failed | timeout | output_limit | error
+    status: str  # passed | failed | timeout | output_limit | memory | error
     returncode: Optional[int]
     output: str
     duration: float
@@ -183,6 +183,7 @@ class _Launcher:
             self.view = interpreter_view(self.python)
             self.python = self.view.executable  # the real binary, as the view holds it
         self.procs: list[subprocess.Popen] = []
+        self.cages: list = []  # sandbox_memory.MemoryCage: one per spawned process tree, where the host allows
         self.fds: list[int] = []
         self.slots: list[_UidSlot] = []
         self.workdirs: list[str] = []
@@ -208,9 +209,16 @@ class _Launcher:
         # under bwrap/unshare the program's scratch is a private tmpfs, in the fallback this folder itself.
         workdir = tempfile.mkdtemp(prefix="dare-sandbox-")
         self.workdirs.append(workdir)
+        from .sandbox_memory import GATE, memory_cage
+        cage = memory_cage(lim.memory_bytes)  # the whole tree's memory; None: RLIMIT_AS per process only
+        if cage is not None:
+            self.cages.append(cage)
         args = [str(fd) for fd in fd_args]
         cpu = lim.cpu_seconds or int(math.ceil(lim.timeout)) + 1
-        args += [str(n) for n in (lim.memory_bytes, cpu, lim.file_bytes, lim.open_files, lim.max_processes)]
+        # In a cage the cgroup is the bound (and says "memory" when it stops a sample); the per-process address
+        # space limit stays, wider, as the line behind it (address space counts mappings never touched).
+        address_space = lim.memory_bytes if cage is None else 4 * lim.memory_bytes
+        args += [str(n) for n in (address_space, cpu, lim.file_bytes, lim.open_files, lim.max_processes)]
         host_program = None
         if program is not None:
             host_program = os.path.join(workdir, "program.py")
@@ -220,6 +228,8 @@ class _Launcher:
             args.append(host_program if self.view is None else "/program.py")
         command = [self.python, "-I", "-S", "-c", _child_source(), role] + args
         full, view_spec = _wrap(self.isolation, self.view, workdir, host_program, lim, command)
+        if cage is not None:
+            full = GATE + full  # waits for one line: the launcher moves it into the cage first
         if slot is not None:
             for path in (workdir, *([view_spec["root"]] if view_spec else [])):
                 os.chown(path, slot.uid, slot.uid)
@@ -230,8 +240,16 @@ class _Launcher:
                                 cwd=workdir, env=_minimal_env(scratch), start_new_session=True, close_fds=True, **identity)
         self.procs.append(proc)
         self.close_fd(out_w)
+        gate = b""
+        if cage is not None:
+            try:
+                cage.add(proc.pid)
+                gate = b"go\n"
+            except OSError as e:  # never let it run outside its cage
+                _kill_group(proc)
+                raise OSError(f"could not move the sandbox process into its memory cgroup {cage.path}: {e}") from e
         try:  # first line: the view the bootstrap builds (unshare) or null; then the role's own input
-            proc.stdin.write(json.dumps(view_spec or None).encode() + b"\n" + stdin)
+            proc.stdin.write(gate + json.dumps(view_spec or None).encode() + b"\n" + stdin)
             proc.stdin.close()
         except BrokenPipeError:
             pass
@@ -244,6 +262,8 @@ class _Launcher:
                 proc.wait()
         for fd in list(self.fds):
             self.close_fd(fd)
+        for cage in self.cages:
+            cage.close()
         for slot in self.slots:
             slot.release()
         for workdir in self.workdirs:
@@ -258,6 +278,8 @@ def _verdict(launcher: _Launcher, proc, streams: dict[int, str], token: bytes, s
     passed = status == "done" and returncode == 0 and outputs.get("tok", b"") == token
     if status == "done":
         status = "passed" if passed else "failed"
+    if not passed and any(cage.oom_killed() for cage in launcher.cages):
+        status = "memory"  # the sample as a whole passed limits.memory_bytes (sandbox_memory)
     text = b"".join(v for k, v in outputs.items() if k != "tok").decode("utf-8", errors="replace")
     return SandboxResult(passed, status, returncode, text, time.monotonic() - start, launcher.isolation)
 
