@@ -24,12 +24,15 @@ LIMIT, GEN = 4, 16
 
 # OpenCompass's own GSM8K scorer (the config's pred_postprocessor + evaluator), run inside .venv-oc on texts
 # read from stdin: what OpenCompass would report for dare eval's completions.
+# The same process grades the grader-parity corpus (tests/rewards/test_grader_parity.py) answer by answer.
 OC_SCORE = """
 import json, sys
 from opencompass.datasets import Gsm8kEvaluator, gsm8k_postprocess
-rows = json.load(sys.stdin)
+given = json.load(sys.stdin)
+rows, evaluator = given["rows"], Gsm8kEvaluator()
 preds = [gsm8k_postprocess(r["completion"]) for r in rows]
-print(json.dumps(Gsm8kEvaluator().score(preds, [r["ground_truth"] for r in rows])["accuracy"]))
+print(json.dumps([bool(evaluator.is_equal(gsm8k_postprocess(c), g)) for c, g in given["parity"]]))
+print(json.dumps(evaluator.score(preds, [r["ground_truth"] for r in rows])["accuracy"]))
 """
 
 
@@ -84,9 +87,17 @@ def test_opencompass_gsm8k_matches_dare_eval(tmp_path):
     (summary,) = (stamp / "summary").glob("summary_*.md")
     row = next(line for line in summary.read_text().splitlines() if line.startswith("| gsm8k "))
     table_acc = float(row.strip("| ").split("|")[-1])
-    scored = subprocess.run([str(OC_PY), "-c", OC_SCORE], input=json.dumps(ours), capture_output=True, text=True,
-                            check=True, env=env)
-    assert table_acc == pytest.approx(float(scored.stdout.strip().splitlines()[-1]), abs=0.01)
+    from tests.rewards.test_grader_parity import opencompass_row, opencompass_disagreements
+    from tests.rewards.grader_parity_corpus import GSM8K
+    scored = subprocess.run([str(OC_PY), "-c", OC_SCORE], capture_output=True, text=True, check=True, env=env,
+                            input=json.dumps({"rows": ours, "parity": [[c, g] for _, g, c in GSM8K]}))
+    parity, accuracy = scored.stdout.strip().splitlines()[-2:]
+    assert table_acc == pytest.approx(float(accuracy), abs=0.01)
+    # Grader parity with OpenCompass's GSM8K rule: every disagreement listed, the docs row this run's counts.
+    verdicts = json.loads(parity)
+    found, listed = opencompass_disagreements(verdicts)
+    assert found == listed, (found, listed)
+    assert opencompass_row(verdicts) in (ROOT / "docs" / "rewards.md").read_text(), opencompass_row(verdicts)
     details = json.loads((stamp / "results" / Path(ckpt).name / "gsm8k.json").read_text())["details"]
     assert [d["answer"][0] for d in details] == [e["ground_truth"] for e in examples]
     # And the other way round: dare's math reward on OpenCompass's predictions gives dare eval's scores.

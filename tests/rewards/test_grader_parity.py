@@ -30,6 +30,30 @@ DISAGREEMENTS = {
 }
 
 
+# OpenCompass's GSM8K rule (gsm8k_postprocess + Gsm8kEvaluator) lives in its own environment, .venv-oc: graded there by
+# tests/eval/test_opencompass_e2e.py (integration tier), which checks these and the docs row.
+OPENCOMPASS = "OpenCompass gsm8k_postprocess + Gsm8kEvaluator"
+OPENCOMPASS_DISAGREEMENTS = {
+    "g05": "$70,000: OpenCompass's number pattern stops at a thousands comma (it reads 000)",
+    "g07": "1,250.50: the same (it reads 250.50)",
+    "g15": ".5: OpenCompass reads a number only with a digit before its point (it reads 5)",
+    "g18": "a completion that goes on with the next 'Question:': OpenCompass cuts there (as lm-eval's stop sequence "
+           "does); dare's last-number rule reads the whole completion (RL completions end at EOS)",
+}
+
+
+def opencompass_disagreements(verdicts: list) -> tuple[set, set]:
+    """(rows where OpenCompass's verdicts, in GSM8K's corpus order, differ from dare's, the listed ones)."""
+    found = {row for (row, gold, completion), theirs in zip(GSM8K, verdicts)
+             if _dare("GSM8K", completion, gold) != float(theirs)}
+    return found, set(OPENCOMPASS_DISAGREEMENTS)
+
+
+def opencompass_row(verdicts: list) -> str:
+    differ = len(opencompass_disagreements(verdicts)[0])
+    return f"| {OPENCOMPASS} | GSM8K | {len(GSM8K)} | {len(GSM8K) - differ} | {differ} |"
+
+
 @functools.lru_cache(maxsize=1)
 def _gsm8k_task() -> dict:
     import lm_eval
