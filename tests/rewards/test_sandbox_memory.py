@@ -3,7 +3,9 @@ sample could each take almost ``memory_bytes``; the sample's memory cgroup (``da
 them together. Here a sample tries to take 3 GiB in four processes of 768 MiB each (each under its address-space
 limit) against the default 1 GiB bound: it is stopped at the bound with ``reason == "memory"``, the cgroup's own peak is
 the bound, and the host's available memory drops by no more than the bound (plus what the rest of the machine moves).
-Measured without the cgroup (``DARE_SANDBOX_MEMORY_CGROUP=0``): the same sample passed and took 2,868 MiB."""
+The same for 200 ``memfd_create`` files of 15 MiB (the issue's probe: neither RLIMIT_AS nor the scratch cap counts
+them). Measured without the cgroup (``DARE_SANDBOX_MEMORY_CGROUP=0``): both samples passed, the first holding 2,868 MiB
+of the host."""
 from __future__ import annotations
 
 import threading
@@ -34,6 +36,17 @@ for pid in kids:
     assert status == 0, f"a process of the sample was stopped ({status})"
 """
 
+# 200 memfd files of 15 MiB (each under RLIMIT_FSIZE, none counted by RLIMIT_AS): the issue's probe
+MEMFD_3_GIB = """
+import os
+chunk, files = b"x" * (1 << 20), []
+for i in range(200):
+    fd = os.memfd_create(f"f{i}")
+    for _ in range(15):
+        os.write(fd, chunk)
+    files.append(fd)
+"""
+
 
 def _available() -> int:
     with open("/proc/meminfo") as f:
@@ -43,8 +56,9 @@ def _available() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
+@pytest.mark.parametrize("program", [THREE_GIB, MEMFD_3_GIB], ids=["four_processes", "memfd_files"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_sample_taking_3_gib_in_four_processes_is_stopped_at_its_bound(mode, monkeypatch):
+def test_a_sample_taking_3_gib_is_stopped_at_its_bound(mode, program, monkeypatch):
     peaks = []
     close = sandbox_memory.MemoryCage.close
     monkeypatch.setattr(sandbox_memory.MemoryCage, "close", lambda cage: peaks.append(cage.peak()) or close(cage))
@@ -57,7 +71,7 @@ def test_a_sample_taking_3_gib_in_four_processes_is_stopped_at_its_bound(mode, m
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        result = run_python(THREE_GIB, SandboxLimits(timeout=30.0, max_processes=12), mode)
+        result = run_python(program, SandboxLimits(timeout=30.0, max_processes=12), mode)
     finally:
         done.set()
         watcher.join()
