@@ -340,11 +340,19 @@ class Trainer:
     def run(self) -> list[dict]:
         from tqdm import tqdm
 
+        from .reward_watch import RewardWatch
         tc = self.recipe.train
         history = []
         bar = tqdm(total=tc.steps, initial=self.start_step, desc=f"dare train {self.algo.name}", unit="step",
                    disable=not (self.env.is_main and self.recipe.logging.progress), dynamic_ncols=True)
+        group_need = getattr(self.recipe.algorithm, "group_need", None)
+        watch = RewardWatch(self.algo.uses_rollout and group_need is not None and group_need()[0] > 1)
         last_saved = self.start_step if self.start_step else None
+        done = self.start_step
+        quiet = contextlib.ExitStack()
+        if not bar.disable:  # log lines above the bar, not glued onto it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+            quiet.enter_context(logging_redirect_tqdm())
         try:
             for step in range(self.start_step, tc.steps):
                 metrics = self.train_step(step)
@@ -354,8 +362,13 @@ class Trainer:
                 if done % tc.log_every == 0 or done == tc.steps:
                     self.logger.log(done, metrics)
                 history.append({"step": done, **metrics})
+                if self.env.is_main:
+                    watch.step(done, metrics)
                 bar.update(1)
-                bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
+                shown = {"loss": f"{metrics.get('loss', float('nan')):.4f}"}
+                if "reward_mean" in metrics:  # RL: a GRPO-type loss sits near 0; the reward is what moves
+                    shown["reward"] = f"{metrics['reward_mean']:.3f}"
+                bar.set_postfix(shown)
                 if tc.save_every and done % tc.save_every == 0:
                     self.save_checkpoint(done)
                     last_saved = done
@@ -363,7 +376,17 @@ class Trainer:
                 self.save_checkpoint(tc.steps)
             if tc.export:
                 export_pretrained(self.model, self.tokenizer, self.run_dir / "export", self.env, self.recipe.lora)
+            if self.env.is_main:
+                watch.finish()
+        except KeyboardInterrupt:
+            if self.env.is_main:
+                latest = self.ckpt.latest_intact()
+                log.warning("interrupted after step %d of %d; %s", done, tc.steps,
+                            f"the last checkpoint is {latest}: the same command resumes from it (train.resume=auto)"
+                            if latest is not None else "no checkpoint was written yet: a new run starts from step 0")
+            raise
         finally:
+            quiet.close()
             bar.close()
             self.logger.close()
             self.close()
