@@ -118,7 +118,7 @@ def load_model_spec(spec: str, *, dtype=None, device: Union[None, str, torch.dev
         tokenizer_required: False loads a checkpoint's tokenizer only when ``tokenizer`` is given or the folder holds
             tokenizer files (``dare generate --prompt-ids`` needs none); the returned tokenizer may then be None.
         tiny_seed: the initialisation seed of a tiny model.
-        tiny_sizes: size overrides of a tiny model (``dare.models.tiny``); an error for any other spec.
+        tiny_sizes: size overrides of a tiny model (``dare.models.tiny``); ignored, with a warning, for a checkpoint.
     Returns:
         ``(model, tokenizer)``: the model in eval mode (a trainer switches it to train mode itself) with
         ``name_or_path = spec``; the tokenizer's length fits the model's vocabulary and it has an EOS token.
@@ -132,8 +132,11 @@ def load_model_spec(spec: str, *, dtype=None, device: Union[None, str, torch.dev
         model.set_attn_backend(attn_backend)
         model.name_or_path = spec
     else:
-        if tiny_sizes:
-            raise ValueError(f"tiny_sizes (model.tiny_sizes) only applies to tiny:<family> models, not {spec!r}")
+        if tiny_sizes:  # a tiny recipe pointed at a real checkpoint (its comment says to swap model.path)
+            import logging
+            logging.getLogger(__name__).warning(
+                "model.tiny_sizes %s ignored: it sizes tiny:<family> models, and %s is a checkpoint with its own sizes",
+                dict(tiny_sizes), spec)
         tok_path = tokenizer or spec
         tok = None
         if tokenizer == TINY_TOKENIZER:
