@@ -108,6 +108,17 @@ def test_plugin_argument_errors(tiny_llada, tiny_tok):
     assert lm._pair("", "hi")[0] == [tiny_tok.bos_token_id]
 
 
+def test_plugin_decodes_with_the_checkpoints_settings_unless_model_args_say_otherwise():
+    from dare.quickstart.assets import get_checkpoint
+    DareLM = register_lm_eval()
+    path = str(get_checkpoint("lazy-sudoku-llada-sft").path)  # generation_config.json: 40 tokens, one block, 40 steps
+    lm = DareLM(pretrained=path, device="cpu")
+    assert (lm.sampler.gen_length, lm.sampler.block_length, lm.sampler.steps) == (40, 40, 40)
+    given = DareLM(pretrained=path, device="cpu", gen_length=16, block_length=8)
+    assert (given.sampler.gen_length, given.sampler.block_length) == (16, 8)
+    assert given.sampler.steps == SamplerConfig().steps  # a length given by hand frees the checkpoint's schedule
+
+
 def test_dare_eval_indexes_lm_evals_own_tasks_only_when_a_task_needs_them():
     """Indexing lm-eval's task folder takes ~15 s: with an include path whose tasks are all the run asks for, dare
     eval indexes that folder alone; a task (or a group, which may name lm-eval's tasks) from elsewhere gets both."""

@@ -85,7 +85,37 @@ def build_config(args, last: tuple = ()):
     cfg = from_dict(EvalConfig, data)
     if not cfg.models:
         raise ValueError("no model to evaluate: give --model PATH (or tiny:<family>) or models: in the recipe")
+    # what the recipe, --set, the flags or the sweep gave: a checkpoint's own decoding settings fill the rest
+    cfg._given = (set(data.get("sampler") or {}), {k for k in data if k != "sampler"})
     return cfg
+
+
+def with_checkpoint_decoding(cfg, spec: str, name: str):
+    """``cfg`` with the decoding and prompt settings the checkpoint ``spec`` carries (its generation_config.json's
+    ``dare`` block, dare.models.decoding) wherever the recipe, --set or a flag gave none; one log line says which."""
+    import dataclasses
+
+    from dare.models.decoding import PROMPT_KEYS, read_decoding, sampler_defaults
+    from dare.rollout import SamplerConfig
+
+    own = read_decoding(spec)
+    if own is None:
+        return cfg
+    block, path = own
+    given_sampler, given_run = getattr(cfg, "_given", (set(), set()))
+    fields = {f.name for f in dataclasses.fields(SamplerConfig)}
+    unknown = sorted(set(block.get("sampler", {})) - fields)
+    if unknown:
+        raise ValueError(f"{path}: unknown sampler field(s) {', '.join(unknown)} in its 'dare' block")
+    sampler = sampler_defaults(block.get("sampler", {}), {k: getattr(cfg.sampler, k) for k in given_sampler})
+    prompt = {k: block[k] for k in PROMPT_KEYS if k in block and k not in given_run}
+    if not sampler and not prompt:
+        return cfg
+    out = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, **sampler), **prompt)
+    out._given = getattr(cfg, "_given", (set(), set()))
+    log.info("%s: decoding and prompt settings from %s: %s (a flag, --set or the recipe overrides each)", name, path,
+             ", ".join(f"{k}={v}" for k, v in {**sampler, **prompt}.items()))
+    return out
 
 
 def lm_eval_groups(cfg, sampler) -> list:
@@ -228,15 +258,16 @@ def _run_models(cfg, out: Path, names: list, quiet: bool = False):
     all_results = []
     try:
         for spec, name in zip(cfg.models, names):
+            mcfg = with_checkpoint_decoding(cfg, spec, name)
             model, tok = load_model_spec(spec, dtype=cfg.dtype, device=resolve_device(cfg.device),
                                          mask_token_id=cfg.mask_token_id, tokenizer=cfg.tokenizer, tiny_seed=cfg.tiny_seed)
             res = {"model": name, "benchmarks": {}}
-            sampler = sampler_for_model(cfg.sampler, model, cfg.model_block_length)
-            if cfg.benchmarks:
-                res = evaluate(model, tok, cfg.benchmarks, sampler, output_dir=out / name, model_name=name,
-                               options=cfg.options())
-            if cfg.lm_eval.tasks:
-                res["benchmarks"].update(run_lm_eval(cfg, model, tok, name))
+            sampler = sampler_for_model(mcfg.sampler, model, mcfg.model_block_length)
+            if mcfg.benchmarks:
+                res = evaluate(model, tok, mcfg.benchmarks, sampler, output_dir=out / name, model_name=name,
+                               options=mcfg.options())
+            if mcfg.lm_eval.tasks:
+                res["benchmarks"].update(run_lm_eval(mcfg, model, tok, name))
                 write_results(res, out / name)
             res["spec"] = spec
             all_results.append(res)

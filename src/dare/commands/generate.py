@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import time
 import typing
 
 NAME = "generate"
 HELP = "decode prompts with a diffusion LM (all sampler options as flags); prints completions, nfe and tokens/s"
+log = logging.getLogger(__name__)
 
 
 def _ids(text: str) -> list[int]:
@@ -123,6 +125,16 @@ def run(args) -> int:
     if args.chat and not args.prompt:
         raise ValueError("--chat applies to text prompts (--prompt)")
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplerConfig) if getattr(args, f.name) is not None}
+    from dare.models.decoding import read_decoding, sampler_defaults
+    own = read_decoding(args.model)  # the checkpoint's own decoding settings (generation_config.json), flags first
+    if own is not None:
+        block, path = own
+        fields = {f.name for f in dataclasses.fields(SamplerConfig)}
+        taken = sampler_defaults({k: v for k, v in block.get("sampler", {}).items() if k in fields}, overrides)
+        if taken:
+            log.info("decoding settings from %s: %s (flags override them)", path,
+                     ", ".join(f"{k}={v}" for k, v in taken.items()))
+        overrides = {**taken, **overrides}
     config = SamplerConfig(**overrides)
     model, tok = _load(args, need_tokenizer=bool(args.prompt))
     prompts = [_encode(tok, t, args.chat) for t in args.prompt] + list(args.prompt_ids)

@@ -375,7 +375,9 @@ class Trainer:
             if last_saved != tc.steps:
                 self.save_checkpoint(tc.steps)
             if tc.export:
-                export_pretrained(self.model, self.tokenizer, self.run_dir / "export", self.env, self.recipe.lora)
+                from ..models.decoding import recipe_decoding
+                export_pretrained(self.model, self.tokenizer, self.run_dir / "export", self.env, self.recipe.lora,
+                                  decoding=recipe_decoding(self.recipe))
             if self.env.is_main:
                 watch.finish()
         except KeyboardInterrupt:

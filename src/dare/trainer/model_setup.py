@@ -30,8 +30,10 @@ def full_state_dict(model, env) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
-def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None) -> Path:
-    """Write the trained model (LoRA merged) in its family's layout + the tokenizer; loadable with ``load_model``."""
+def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None, decoding=None) -> Path:
+    """Write the trained model (LoRA merged) in its family's layout + the tokenizer; loadable with ``load_model``.
+    ``decoding``: (sampler fields, prompt fields) the export carries in its generation_config.json
+    (``dare.models.decoding``: ``dare eval`` / ``dare generate`` use them by default)."""
     state = full_state_dict(model, env)
     out = Path(out_dir)
     if env.is_main:
@@ -49,6 +51,9 @@ def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None) -> Pa
         from . import swap  # written beside and swapped in whole: the export is never half-written (swap.py)
         staged = swap.staging(out)
         fresh.save_pretrained(staged, tokenizer=tokenizer)
+        if decoding is not None:
+            from ..models.decoding import write_decoding
+            write_decoding(staged, *decoding)
         swap.replace(staged, out)
         log.info("exported the trained model to %s", out)
     env.barrier()
