@@ -41,7 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A command with PASSTHROUGH = True (``dare lm-eval``) takes the rest of the line unparsed, as ``args.rest``.
+    passthrough = {m.NAME for m in _command_modules() if getattr(m, "PASSTHROUGH", False)}
+    cut = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if cut is not None and argv[cut] in passthrough:
+        args = parser.parse_args(argv[:cut + 1])
+        args.rest = argv[cut + 1:]
+    else:
+        args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not getattr(args, "_run", None):

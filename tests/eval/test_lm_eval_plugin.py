@@ -139,3 +139,21 @@ def test_dare_eval_indexes_lm_evals_own_tasks_only_when_a_task_needs_them():
     built.clear()
     task_manager(Manager, None, ["gsm8k"])
     assert built == [(None, True)]
+
+
+@pytest.mark.integration
+def test_dare_lm_eval_runs_lm_evals_own_command_line_with_the_dare_model(tmp_path, monkeypatch, capsys):
+    # `lm_eval --model dare` finds no model (lm-eval imports no other package's modules); `dare lm-eval` registers
+    # it and hands lm-eval's own arguments to lm-eval's own CLI, here on a task YAML written by the test.
+    from dare.cli import main
+    from dare.quickstart.assets import get_checkpoint
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    _tasks(tmp_path)
+    ckpt = get_checkpoint("lazy-sudoku-llada-sft").path
+    assert main(["lm-eval", "--model", "dare", "--model_args", f"pretrained={ckpt},gen_length=8,block_length=8", "--device", "cpu",
+                 "--tasks", "dare_tiny_gen", "--include_path", str(tmp_path), "--limit", "2",
+                 "--output_path", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").rglob("results_*.json")
+    metrics = json.loads(result.read_text())["results"]["dare_tiny_gen"]
+    assert "exact_match,none" in metrics and json.loads(result.read_text())["config"]["model"] == "dare"
