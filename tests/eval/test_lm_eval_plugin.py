@@ -111,7 +111,7 @@ def test_plugin_argument_errors(tiny_llada, tiny_tok):
 def test_plugin_decodes_with_the_checkpoints_settings_unless_model_args_say_otherwise():
     from dare.quickstart.assets import get_checkpoint
     DareLM = register_lm_eval()
-    path = str(get_checkpoint("lazy-sudoku-llada-sft").path)  # generation_config.json: 40 tokens, one block, 40 steps
+    path = str(get_checkpoint("lazy-sudoku-llada-sft").path)  # dare_decoding.json: 40 tokens, one block, 40 steps
     lm = DareLM(pretrained=path, device="cpu")
     assert (lm.sampler.gen_length, lm.sampler.block_length, lm.sampler.steps) == (40, 40, 40)
     given = DareLM(pretrained=path, device="cpu", gen_length=16, block_length=8)

@@ -1,4 +1,4 @@
-"""A checkpoint carries how it decodes and prompts (generation_config.json's ``dare`` block), and ``dare eval`` /
+"""A checkpoint carries how it decodes and prompts (its dare_decoding.json), and ``dare eval`` /
 ``dare generate`` use it wherever a flag, --set or the recipe gives nothing (issue 40: the shipped lazy-Sudoku LLaDA
 scored 0.00 at dare eval's defaults and 0.41 with the quickstart's settings)."""
 import json
@@ -17,18 +17,22 @@ from tests.trainer.helpers import ROOT
 QUICKSTART_EVAL = ROOT / "src/dare/assets/quickstart/recipes/rl.yaml"
 
 
-def test_write_merges_into_the_checkpoints_file_and_read_returns_it(tmp_path):
-    shutil.copy(FIXTURES / "llada-tiny" / "generation_config.json", tmp_path)  # a reference export: eos, pad, ...
+def test_write_and_read_leave_the_familys_generation_config_alone(tmp_path):
+    # transformers' DiffusionGemma refuses any key its generation config does not know: dare's settings have their own file
+    shutil.copy(FIXTURES / "llada-tiny" / "generation_config.json", tmp_path)
+    before = (tmp_path / "generation_config.json").read_text()
     write_decoding(tmp_path, {"gen_length": 40, "block_length": 8, "temperature": 0.5}, {"template": "compact",
                                                                                         "unknown": 1})
-    data = json.loads((tmp_path / "generation_config.json").read_text())
-    assert data["eos_token_id"] == 501 and data["max_new_tokens"] == 40 and data["do_sample"] is True
+    assert (tmp_path / "generation_config.json").read_text() == before
     block, path = read_decoding(tmp_path)
     assert block == {"sampler": {"gen_length": 40, "block_length": 8, "temperature": 0.5}, "template": "compact"}
-    assert path == tmp_path / "generation_config.json" and not list(tmp_path.glob(".*partial*"))
-    assert read_decoding(FIXTURES / "llada-tiny") is None and read_decoding("tiny:llada") is None  # no dare block
-    (tmp_path / "generation_config.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"generation_config.json: not a JSON file"):
+    assert path == tmp_path / "dare_decoding.json" and not list(tmp_path.glob(".*partial*"))
+    assert read_decoding(FIXTURES / "llada-tiny") is None and read_decoding("tiny:llada") is None
+    (tmp_path / "dare_decoding.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"dare_decoding.json: not a JSON file"):
+        read_decoding(tmp_path)
+    (tmp_path / "dare_decoding.json").write_text("[1]")
+    with pytest.raises(ValueError, match=r"dare_decoding.json: expected an object with a 'sampler' object"):
         read_decoding(tmp_path)
 
 
@@ -59,7 +63,7 @@ def test_dare_eval_takes_the_checkpoints_settings_where_nothing_else_is_given(tm
     assert bare.sampler.gen_length == _eval_config("--model", "tiny:llada").sampler.gen_length
     bad = tmp_path / "ckpt"
     bad.mkdir()
-    (bad / "generation_config.json").write_text(json.dumps({"dare": {"sampler": {"gen_lenght": 40}}}))
+    (bad / "dare_decoding.json").write_text(json.dumps({"sampler": {"gen_lenght": 40}}))
     with pytest.raises(ValueError, match=r"unknown sampler field\(s\) gen_lenght"):
         with_checkpoint_decoding(_eval_config("--model", str(bad)), str(bad), "m")
 

@@ -91,8 +91,8 @@ def build_config(args, last: tuple = ()):
 
 
 def with_checkpoint_decoding(cfg, spec: str, name: str):
-    """``cfg`` with the decoding and prompt settings the checkpoint ``spec`` carries (its generation_config.json's
-    ``dare`` block, dare.models.decoding) wherever the recipe, --set or a flag gave none; one log line says which."""
+    """``cfg`` with the decoding and prompt settings the checkpoint ``spec`` carries (its dare_decoding.json,
+    dare.models.decoding) wherever the recipe, --set or a flag gave none; one log line says which."""
     import dataclasses
 
     from dare.models.decoding import PROMPT_KEYS, read_decoding, sampler_defaults

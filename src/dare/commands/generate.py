@@ -126,7 +126,7 @@ def run(args) -> int:
         raise ValueError("--chat applies to text prompts (--prompt)")
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplerConfig) if getattr(args, f.name) is not None}
     from dare.models.decoding import read_decoding, sampler_defaults
-    own = read_decoding(args.model)  # the checkpoint's own decoding settings (generation_config.json), flags first
+    own = read_decoding(args.model)  # the checkpoint's own decoding settings (dare_decoding.json), flags first
     if own is not None:
         block, path = own
         fields = {f.name for f in dataclasses.fields(SamplerConfig)}

@@ -1,13 +1,14 @@
-"""How a checkpoint decodes and prompts, stored with it: ``generation_config.json``'s ``dare`` block.
+"""How a checkpoint decodes and prompts, stored with it in ``dare_decoding.json``.
 
 A dLLM checkpoint trained on one task decodes well only with the settings it was trained and evaluated with (the
-shipped lazy-Sudoku LLaDA scores 0.41 at 40 tokens in one block with the compact template, 0.00 at ``dare eval``'s
-defaults of 256 tokens in blocks of 32 and the chat prompt). Hugging Face keeps decoding defaults in
-``generation_config.json``; dare writes its own there too, beside any keys already in the file::
+shipped lazy-Sudoku LLaDA scores 41.0 at 40 tokens in one block with the compact template, 0.0 at ``dare eval``'s
+defaults of 256 tokens in blocks of 32 and the reasoning prompt). Hugging Face keeps decoding defaults in
+``generation_config.json``, but that file belongs to the family's own generation class, and some refuse keys they do
+not know (transformers' DiffusionGemma refuses ``temperature``, ``do_sample`` and any other key). So dare's settings
+go in a file of their own beside it::
 
-    {"max_new_tokens": 40, "do_sample": false, "temperature": 0.0,
-     "dare": {"sampler": {"gen_length": 40, "block_length": 40, "steps": 40, "temperature": 0.0},
-              "template": "compact"}}
+    {"sampler": {"gen_length": 40, "block_length": 40, "steps": 40, "temperature": 0.0},
+     "template": "compact", "chat_template": "auto"}
 
 ``dare eval``, ``dare generate`` and the lm-eval plugin read it (``read_decoding``) and use each setting a flag or
 recipe does not give; the exporting trainer writes it (``write_decoding``) from the recipe's eval section, else
@@ -20,33 +21,30 @@ import os
 from pathlib import Path
 from typing import Optional
 
-FILE = "generation_config.json"
+FILE = "dare_decoding.json"
 PROMPT_KEYS = ("template", "chat_template", "system_prompt", "generation_prefix")
 
 
 def read_decoding(spec) -> Optional[tuple[dict, Path]]:
-    """``({"sampler": {...}, "template": ..., ...}, path)`` from a checkpoint folder's generation_config.json, or None
-    (no folder, no file, or no ``dare`` block). A file that is not a JSON object is a ``ValueError`` naming it."""
+    """``({"sampler": {...}, "template": ..., ...}, path)`` from a checkpoint folder's dare_decoding.json, or None (no
+    folder or no file). A file that is not a JSON object of that shape is a ``ValueError`` naming it."""
     if spec is None or str(spec).startswith("tiny:"):
         return None
     path = Path(str(spec)).expanduser() / FILE
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        block = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a JSON file ({e})") from None
-    block = data.get("dare") if isinstance(data, dict) else None
-    if block is None:
-        return None
     if not isinstance(block, dict) or not isinstance(block.get("sampler", {}), dict):
-        raise ValueError(f"{path}: 'dare' must be an object with a 'sampler' object and prompt fields ({', '.join(PROMPT_KEYS)})")
+        raise ValueError(f"{path}: expected an object with a 'sampler' object and prompt fields ({', '.join(PROMPT_KEYS)})")
     return block, path
 
 
 def write_decoding(folder, sampler: Optional[dict], prompt: Optional[dict] = None) -> Optional[Path]:
-    """Merge dare's decoding block (and the Hugging Face keys it implies) into ``folder``'s generation_config.json;
-    written beside and renamed over it. Nothing is written when there is nothing to say."""
+    """Write ``folder``'s dare_decoding.json (beside, then renamed over it). Nothing is written when there is nothing
+    to say."""
     block = {}
     if sampler:
         block["sampler"] = {k: v for k, v in sampler.items() if v is not None}
@@ -54,16 +52,8 @@ def write_decoding(folder, sampler: Optional[dict], prompt: Optional[dict] = Non
     if not block:
         return None
     path = Path(folder) / FILE
-    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    data["dare"] = block
-    s = block.get("sampler", {})
-    if "gen_length" in s:
-        data["max_new_tokens"] = s["gen_length"]
-    if "temperature" in s:
-        data["temperature"] = s["temperature"]
-        data["do_sample"] = s["temperature"] > 0
     tmp = path.with_name(f".{FILE}.partial")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(block, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
 

@@ -32,7 +32,7 @@ def full_state_dict(model, env) -> dict:
 
 def export_pretrained(model, tokenizer, out_dir: Path, env, lora_cfg=None, decoding=None) -> Path:
     """Write the trained model (LoRA merged) in its family's layout + the tokenizer; loadable with ``load_model``.
-    ``decoding``: (sampler fields, prompt fields) the export carries in its generation_config.json
+    ``decoding``: (sampler fields, prompt fields) the export carries in its dare_decoding.json
     (``dare.models.decoding``: ``dare eval`` / ``dare generate`` use them by default)."""
     state = full_state_dict(model, env)
     out = Path(out_dir)
