@@ -63,12 +63,13 @@ def test_plan_follows_the_trainers_wrapping():
     assert "unsharded gradients" in plain.phases[-1].breakdown and every.peak_bytes < plain.peak_bytes
 
 
-# EGSPO and d-OPSD divide a step's work between their inner iterations (``iterations_split_work``); d-TreeRPO scores
-# views every iteration shares once; d1 draws fresh views per iteration. Before issue 39's fix a plan at mu = 4 counted
+# EGSPO and d-OPSD divide a step's work between their inner iterations (``iterations_split_work``); d2 AnyOrder scores
+# views every iteration shares once (as d-TreeRPO, DiRL, CJ-GRPO, IGPO, MDPO, JustGRPO); d1 draws fresh views per
+# iteration. Before issue 39's fix a plan at mu = 4 counted
 # EGSPO / d-OPSD's score and update and the shared scoring twice (the plan shrank mu to 2 and scaled everything by 2).
 @pytest.mark.parametrize("recipe,mu", [("recipes/rl/egspo.yaml", 2), ("recipes/rl/egspo.yaml", 4),
                                        ("recipes/rl/d_opsd.yaml", 2), ("recipes/rl/d_opsd.yaml", 4),
-                                       ("recipes/rl/dtreerpo.yaml", 4), ("recipes/d1_tiny.yaml", 4)])
+                                       ("recipes/rl/d2_anyorder.yaml", 4), ("recipes/d1_tiny.yaml", 4)])
 def test_planned_flops_equal_the_whole_step_on_real_tensors(recipe, mu):
     """The planner's reductions (two inner iterations, two micro-batches, one update iteration) scale back to the
     FLOPs of the whole step, run unreduced on real tensors at the same settings."""
