@@ -1,7 +1,8 @@
 """The ``dare`` command line: ``dare <command> [options]``.
 
 Each command is a module in ``dare.commands`` exposing ``NAME``, ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int``. Commands are discovered, not listed here, so adding one touches no shared file.
+``run(args) -> int`` (and ``PASSTHROUGH = True`` for one that takes the rest of the line unparsed, as ``args.rest``:
+``dare lm-eval``). Commands are discovered, not listed here, so adding one touches no shared file.
 """
 from __future__ import annotations
 
