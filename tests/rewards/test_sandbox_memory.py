@@ -56,12 +56,10 @@ def _available() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-@pytest.mark.parametrize("program", [THREE_GIB, MEMFD_3_GIB], ids=["four_processes", "memfd_files"])
-@pytest.mark.parametrize("mode", MODES)
-def test_a_sample_taking_3_gib_is_stopped_at_its_bound(mode, program, monkeypatch):
-    peaks = []
-    close = sandbox_memory.MemoryCage.close
-    monkeypatch.setattr(sandbox_memory.MemoryCage, "close", lambda cage: peaks.append(cage.peak()) or close(cage))
+def _run_watching_the_host(program, mode) -> tuple:
+    """(result, the cages' peaks, how far the host's MemAvailable fell below its start during the run)."""
+    peaks, close = [], sandbox_memory.MemoryCage.close
+    sandbox_memory.MemoryCage.close = lambda cage: peaks.append(cage.peak()) or close(cage)
     lowest, before, done = [_available()], _available(), threading.Event()
 
     def watch():
@@ -75,10 +73,27 @@ def test_a_sample_taking_3_gib_is_stopped_at_its_bound(mode, program, monkeypatc
     finally:
         done.set()
         watcher.join()
-    assert not result.passed and result.status == "memory" and result.reason == "memory", (result.status, result.output[-300:])
-    assert peaks and max(p for p in peaks if p is not None) <= BOUND  # the kernel's own count of the sample
-    # 3 GiB would show; the slack is for the rest of the machine (the other test worker) moving meanwhile
-    assert before - lowest[0] < BOUND + (768 << 20), (before - lowest[0]) >> 20
+        sandbox_memory.MemoryCage.close = close
+    return result, peaks, before - lowest[0]
+
+
+@pytest.mark.parametrize("program", [THREE_GIB, MEMFD_3_GIB], ids=["four_processes", "memfd_files"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sample_taking_3_gib_is_stopped_at_its_bound(mode, program):
+    # The host's MemAvailable also moves with the rest of the machine (the other test worker loading a model, a
+    # spawned reward worker: measured up to ~1 GiB beside this test), which only adds to the drop; so the sample runs
+    # up to three times and the smallest drop is held to the bound. A sample that escaped its bound takes its 3 GiB
+    # in every run.
+    drops = []
+    for _ in range(3):
+        result, peaks, drop = _run_watching_the_host(program, mode)
+        assert not result.passed and result.status == "memory" and result.reason == "memory", (
+            result.status, result.output[-300:])
+        assert peaks and max(p for p in peaks if p is not None) <= BOUND  # the kernel's own count of the sample
+        drops.append(drop)
+        if drop < BOUND + (768 << 20):
+            break
+    assert min(drops) < BOUND + (768 << 20), [d >> 20 for d in drops]
 
 
 def test_a_judged_candidate_that_takes_too_much_is_memory_and_a_normal_one_passes():
