@@ -33,10 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dare", description="Post-train and evaluate diffusion LLMs.")
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
+    parser.passthrough = set()  # commands that take the rest of the line unparsed (PASSTHROUGH)
     for mod in _command_modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+        if getattr(mod, "PASSTHROUGH", False):
+            parser.passthrough.add(mod.NAME)
     return parser
 
 
@@ -44,9 +47,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # A command with PASSTHROUGH = True (``dare lm-eval``) takes the rest of the line unparsed, as ``args.rest``.
-    passthrough = {m.NAME for m in _command_modules() if getattr(m, "PASSTHROUGH", False)}
     cut = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if cut is not None and argv[cut] in passthrough:
+    if cut is not None and argv[cut] in parser.passthrough:
         args = parser.parse_args(argv[:cut + 1])
         args.rest = argv[cut + 1:]
     else:

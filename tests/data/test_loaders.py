@@ -260,6 +260,8 @@ def test_a_lone_surrogate_names_its_row_and_field_and_a_device_is_not_a_data_fil
     (tmp_path / "sur.json").write_text("[" + ", ".join(rows) + "]")
     with pytest.raises(DataError, match=r"sur\.json, row 1: field 'question' holds a lone UTF-16 surrogate"):
         load_examples(DataConfig(path=str(tmp_path / "sur.json")))
+    from dare.data.readers import _lone_surrogate
+    assert _lone_surrogate({"turns": [{"text": "ok"}, {"text": "x\ud800"}]}).startswith("field 'turns[1].text' holds")
     with pytest.raises(DataError, match=r"data file /dev/zero is not a regular file \(a device, pipe or socket\)"):
         load_examples(DataConfig(path="/dev/zero"))
 

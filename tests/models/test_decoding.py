@@ -28,6 +28,8 @@ def test_write_and_read_leave_the_familys_generation_config_alone(tmp_path):
     assert block == {"sampler": {"gen_length": 40, "block_length": 8, "temperature": 0.5}, "template": "compact"}
     assert path == tmp_path / "dare_decoding.json" and not list(tmp_path.glob(".*partial*"))
     assert read_decoding(FIXTURES / "llada-tiny") is None and read_decoding("tiny:llada") is None
+    with pytest.raises(ValueError, match=r"dare_decoding.json: unknown sampler field\(s\) block_length$"):
+        read_decoding(tmp_path, {"gen_length", "temperature"})  # the callers pass SamplerConfig's field names
     (tmp_path / "dare_decoding.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"dare_decoding.json: not a JSON file"):
         read_decoding(tmp_path)

@@ -98,21 +98,16 @@ def with_checkpoint_decoding(cfg, spec: str, name: str):
     from dare.models.decoding import PROMPT_KEYS, read_decoding, sampler_defaults
     from dare.rollout import SamplerConfig
 
-    own = read_decoding(spec)
+    own = read_decoding(spec, {f.name for f in dataclasses.fields(SamplerConfig)})
     if own is None:
         return cfg
     block, path = own
     given_sampler, given_run = getattr(cfg, "_given", (set(), set()))
-    fields = {f.name for f in dataclasses.fields(SamplerConfig)}
-    unknown = sorted(set(block.get("sampler", {})) - fields)
-    if unknown:
-        raise ValueError(f"{path}: unknown sampler field(s) {', '.join(unknown)} in its 'dare' block")
     sampler = sampler_defaults(block.get("sampler", {}), {k: getattr(cfg.sampler, k) for k in given_sampler})
     prompt = {k: block[k] for k in PROMPT_KEYS if k in block and k not in given_run}
     if not sampler and not prompt:
         return cfg
     out = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, **sampler), **prompt)
-    out._given = getattr(cfg, "_given", (set(), set()))
     log.info("%s: decoding and prompt settings from %s: %s (a flag, --set or the recipe overrides each)", name, path,
              ", ".join(f"{k}={v}" for k, v in {**sampler, **prompt}.items()))
     return out

@@ -126,11 +126,11 @@ def run(args) -> int:
         raise ValueError("--chat applies to text prompts (--prompt)")
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplerConfig) if getattr(args, f.name) is not None}
     from dare.models.decoding import read_decoding, sampler_defaults
-    own = read_decoding(args.model)  # the checkpoint's own decoding settings (dare_decoding.json), flags first
+    # the checkpoint's own decoding settings (dare_decoding.json), flags first
+    own = read_decoding(args.model, {f.name for f in dataclasses.fields(SamplerConfig)})
     if own is not None:
         block, path = own
-        fields = {f.name for f in dataclasses.fields(SamplerConfig)}
-        taken = sampler_defaults({k: v for k, v in block.get("sampler", {}).items() if k in fields}, overrides)
+        taken = sampler_defaults(block.get("sampler", {}), overrides)
         if taken:
             log.info("decoding settings from %s: %s (flags override them)", path,
                      ", ".join(f"{k}={v}" for k, v in taken.items()))

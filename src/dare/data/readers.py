@@ -106,7 +106,8 @@ def _lone_surrogate(value, field: str = "") -> Optional[str]:
         return None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        found = _lone_surrogate(item, f"{field}.{key}" if field else str(key) if isinstance(key, str) else f"{field}[{key}]")
+        name = f"{field}[{key}]" if isinstance(key, int) else f"{field}.{key}" if field else str(key)
+        found = _lone_surrogate(item, name)
         if found:
             return found
     return None

@@ -62,10 +62,9 @@ class DareLM(LM):
         self.model, self.tokenizer = model.eval(), tokenizer
         if sampler is None and pretrained is not None:  # the checkpoint's own decoding settings fill what args do not
             from ..models.decoding import read_decoding, sampler_defaults
-            own = read_decoding(pretrained)
+            own = read_decoding(pretrained, _SAMPLER_FIELDS)
             if own is not None:
-                sampler_kwargs = {**sampler_defaults({k: v for k, v in own[0].get("sampler", {}).items()
-                                                      if k in _SAMPLER_FIELDS}, sampler_kwargs), **sampler_kwargs}
+                sampler_kwargs = {**sampler_defaults(own[0].get("sampler", {}), sampler_kwargs), **sampler_kwargs}
         base = sampler or SamplerConfig()
         self.sampler = dataclasses.replace(base, **sampler_kwargs) if sampler_kwargs else base
         self.mc_num, self.mc_batch_size = int(mc_num), int(mc_batch_size)

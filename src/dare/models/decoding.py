@@ -17,17 +17,19 @@ its rollout sampler and data template.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
+
+from ..files import write_text
 
 FILE = "dare_decoding.json"
 PROMPT_KEYS = ("template", "chat_template", "system_prompt", "generation_prefix")
 
 
-def read_decoding(spec) -> Optional[tuple[dict, Path]]:
+def read_decoding(spec, sampler_fields: Optional[set] = None) -> Optional[tuple[dict, Path]]:
     """``({"sampler": {...}, "template": ..., ...}, path)`` from a checkpoint folder's dare_decoding.json, or None (no
-    folder or no file). A file that is not a JSON object of that shape is a ``ValueError`` naming it."""
+    folder or no file). A file that is not a JSON object of that shape, or (given ``sampler_fields``, the
+    ``SamplerConfig`` field names) names a sampler field that does not exist, is a ``ValueError`` naming it."""
     if spec is None or str(spec).startswith("tiny:"):
         return None
     path = Path(str(spec)).expanduser() / FILE
@@ -39,12 +41,15 @@ def read_decoding(spec) -> Optional[tuple[dict, Path]]:
         raise ValueError(f"{path}: not a JSON file ({e})") from None
     if not isinstance(block, dict) or not isinstance(block.get("sampler", {}), dict):
         raise ValueError(f"{path}: expected an object with a 'sampler' object and prompt fields ({', '.join(PROMPT_KEYS)})")
+    unknown = sorted(set(block.get("sampler", {})) - sampler_fields) if sampler_fields is not None else []
+    if unknown:
+        raise ValueError(f"{path}: unknown sampler field(s) {', '.join(unknown)}")
     return block, path
 
 
 def write_decoding(folder, sampler: Optional[dict], prompt: Optional[dict] = None) -> Optional[Path]:
-    """Write ``folder``'s dare_decoding.json (beside, then renamed over it). Nothing is written when there is nothing
-    to say."""
+    """Write ``folder``'s dare_decoding.json (``dare.files.write_text``: beside, then renamed over it). Nothing is
+    written when there is nothing to say."""
     block = {}
     if sampler:
         block["sampler"] = {k: v for k, v in sampler.items() if v is not None}
@@ -52,9 +57,7 @@ def write_decoding(folder, sampler: Optional[dict], prompt: Optional[dict] = Non
     if not block:
         return None
     path = Path(folder) / FILE
-    tmp = path.with_name(f".{FILE}.partial")
-    tmp.write_text(json.dumps(block, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(block, indent=2, sort_keys=True) + "\n")
     return path
 
 

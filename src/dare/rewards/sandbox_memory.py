@@ -75,12 +75,7 @@ def _candidates() -> list[tuple[Path, int]]:
                         out.append((parent, 2))
                 except OSError:
                     pass
-    seen, unique = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            unique.append(c)
-    return unique
+    return list(dict.fromkeys(out))  # each once, in order
 
 
 class MemoryCage:
