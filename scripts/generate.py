@@ -36,6 +36,7 @@ import plan_recipes  # noqa: E402
 
 PAPER_MARKERS = ("<!-- paper-settings:start -->", "<!-- paper-settings:end -->")
 TABLE_MARKERS = ("<!-- comparison-table:start -->", "<!-- comparison-table:end -->")
+CASES_MARKERS = ("<!-- loss-parity-cases:start -->", "<!-- loss-parity-cases:end -->")
 COMPARISON_DATA = ROOT / "docs" / "comparison.json"
 
 # path -> new text, or None for a file to remove (a recipe the grid no longer has)
@@ -97,9 +98,18 @@ def comparison_report() -> Rendered:
             doc: replace_between(_read(doc), TABLE_MARKERS, table, "docs/comparison.md")}
 
 
+def loss_parity_cases() -> Rendered:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # tests.algorithms.parity_io reads the case files
+    from tests.algorithms.parity_io import cases_markdown
+    doc = ROOT / "docs" / "loss_parity.md"
+    return {doc: replace_between(_read(doc), CASES_MARKERS, cases_markdown(), "docs/loss_parity.md")}
+
+
 ARTIFACTS: dict[str, Callable[[], Rendered]] = {
     "matrix": readme_matrix, "paper-recipes": paper_recipes, "paper-settings": paper_settings_docs,
     "plans": plan_tables, "comparison": comparison_report,
+    "loss-parity": loss_parity_cases,
 }
 
 

@@ -18,13 +18,16 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import case, load_reference, log_probs, perturbed, record, rl_inputs, trainer
+from loss_parity_lib import repository, case, load_reference, log_probs, perturbed, record, rl_inputs, trainer
 from tests.algorithms.parity_io import EOS, FILLER, MASK_ID, OTHER, VOCAB, embed_logp
+
+JUSTGRPO = repository("justgrpo", "LeapLabTHU/JustGRPO")
+DTREERPO = repository("dtreerpo", "THU-BPM/d-TreeRPO")
 
 SEQ_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 
 
-@case("justgrpo", "justgrpo")
+@case("justgrpo", JUSTGRPO)
 def justgrpo(ref):
     rel = "grpo.py"
     mod = load_reference(ref.file(rel), "justgrpo")
@@ -119,7 +122,7 @@ def _parent_logits(parent_ids: torch.Tensor, child_ids: torch.Tensor, groups: to
     return torch.stack(out)
 
 
-@case("dtreerpo", "dtreerpo")
+@case("dtreerpo", DTREERPO)
 def dtreerpo(ref):
     rel = "dtreerpo/dtreerpo_trainer.py"
     mod = load_reference(ref.file(rel), "dtreerpo")

@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import case, centred, load_reference, log_probs, perturbed, record, rl_inputs, trainer
+from loss_parity_lib import repository, case, centred, load_reference, log_probs, perturbed, record, rl_inputs, trainer
 from tests.algorithms.parity_io import MASK_ID, completion_hidden
+
+D2 = repository("d2", "kuleshov-group/d2")
 
 SEQ_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group")
 
@@ -34,7 +36,7 @@ def _block_steps(g: torch.Generator, B: int, Lc: int, block: int, per_step: int)
     return out
 
 
-@case("d2_stepmerge", "d2")
+@case("d2_stepmerge", D2)
 def d2_stepmerge(ref):
     """``d2StepMergeTrainer.compute_loss`` on the N micro-steps of one rollout batch (segment k = (_step - 1) mod N,
     inner iteration 1 of 2), each through the real ``_get_per_token_logps`` (``forward_process`` masks the prompt with
@@ -88,7 +90,7 @@ def d2_stepmerge(ref):
                   note="one rollout batch: the loss is the sum of its N micro-step losses / GAS (= N)")
 
 
-@case("d2_anyorder", "d2")
+@case("d2_anyorder", D2)
 def d2_anyorder(ref):
     """``d2AnyOrderTrainer.compute_loss`` (inner iteration 1 of 2) through its ``_get_per_token_logps`` and
     ``get_logits``: the completion in decoding order (two tokens per step, ties by position), the true positions as

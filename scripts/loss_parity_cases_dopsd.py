@@ -21,8 +21,10 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import case, load_reference, record, trainer
+from loss_parity_lib import repository, case, load_reference, record, trainer
 from tests.algorithms.parity_io import block_logits
+
+D_OPSD = repository("d_opsd", "xingzhejun/d-OPSD")
 
 AUTHORS_EOS = 126081  # hard-coded in the authors' sampler and trainer
 EOS, MASK = 1, 2  # the ids dare's side uses (the case stores small ids)
@@ -192,12 +194,12 @@ def _completion_mask(comp: torch.Tensor) -> torch.Tensor:
     return torch.arange(comp.shape[1])[None] <= first[:, None]
 
 
-@case("d_opsd", "d_opsd")
+@case("d_opsd", D_OPSD)
 def d_opsd(ref):
     return dopsd_case(ref, 61, 1.0, 0.05, "reverse KL, clip 0.05 (the run scripts); three prompts (stop in the last "
                                           "block / a wrong answer / trained states without reveal), batch_divide 3")
 
 
-@case("d_opsd_jsd", "d_opsd")
+@case("d_opsd_jsd", D_OPSD)
 def d_opsd_jsd(ref):
     return dopsd_case(ref, 71, 0.5, 0.04, "generalised JSD beta 0.5, clip 0.04 (math); same layout")

@@ -21,8 +21,10 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import case, load_reference, log_probs, perturbed, record, trainer
+from loss_parity_lib import repository, case, load_reference, log_probs, perturbed, record, trainer
 from tests.algorithms.parity_io import EOS, FIRST_TOKEN, MASK_ID, VOCAB, embed_logp
+
+EGSPO = repository("egspo", "vishnutez/egspo-dllm-rl")
 
 REL = "egspo/egspo_trainer.py"
 
@@ -164,11 +166,11 @@ def _egspo_case(ref, method: str, lambda1: float, seed: int):
                   runner="egspo", note=note)
 
 
-@case("egspo", "egspo")
+@case("egspo", EGSPO)
 def egspo(ref):
     return _egspo_case(ref, "egspo", 0.0, seed=41)
 
 
-@case("egspo_sa", "egspo")
+@case("egspo_sa", EGSPO)
 def egspo_sa(ref):
     return _egspo_case(ref, "egspo_sa", 0.5, seed=42)

@@ -13,8 +13,15 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import case, centred, load_reference, log_probs, perturbed, record, rl_inputs, trainer
+from loss_parity_lib import repository, case, centred, load_reference, log_probs, perturbed, record, rl_inputs, trainer
 from tests.algorithms.parity_io import MASK_ID, completion_hidden
+
+D1 = repository("d1", "dllm-reasoning/d1")
+WD1 = repository("wd1", "xiaohangt/wd1")
+DIFFUCODER = repository("diffucoder", "apple/ml-diffucoder")
+SPG = repository("spg", "facebookresearch/SPG")
+ESPO = repository("espo", "ML-GSAI/ESPO")
+GDPO = repository("gdpo", "KevinRojas1499/GDPO")
 
 SEQ_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group")
 
@@ -29,7 +36,7 @@ def _advantages(g: torch.Generator, group: torch.Tensor) -> torch.Tensor:
     return adv
 
 
-@case("d1", "d1")
+@case("d1", D1)
 def d1(ref):
     rel = "diffu-grpo/diffu_grpo_trainer.py"
     mod = load_reference(ref.file(rel), "d1")
@@ -52,7 +59,7 @@ def d1(ref):
                   {"logp": logp}, loss, ref.meta(rel, "DiffuGRPOTrainer.compute_loss"), runner="token_grpo")
 
 
-@case("wd1", "wd1")
+@case("wd1", WD1)
 def wd1(ref):
     rel = "wd1/trainers/rev_grpo_trainer.py"
     mod = load_reference(ref.file(rel), "wd1")
@@ -86,7 +93,7 @@ def _completion_masked(noisy: torch.Tensor, gen_len: int) -> torch.Tensor:
     return noisy[..., -gen_len:] == MASK_ID
 
 
-@case("coupled_grpo", "diffucoder")
+@case("coupled_grpo", DIFFUCODER)
 def coupled_grpo(ref):
     """The authors' whole per-token estimator: their ``forward_process`` draws t and the complementary masks, their
     ``selective_log_softmax`` combines the all-masked, t and 1-t views, their ``compute_loss`` takes the result."""
@@ -169,10 +176,10 @@ def _spg_case(ref, mode: str):
 
 
 for _mode in ("elbo", "eubo", "mix", "zero"):
-    case(f"spg_{_mode}", "spg")(lambda ref, _mode=_mode: _spg_case(ref, _mode))
+    case(f"spg_{_mode}", SPG)(lambda ref, _mode=_mode: _spg_case(ref, _mode))
 
 
-@case("espo", "espo")
+@case("espo", ESPO)
 def espo(ref):
     """ESPO's ``compute_loss`` -> ``_get_elbo_mc``: the authors' stratified sampler (module ``forward_process``)
     draws the masks, their ELBO weights the main (1/p) and complement (1/(L/(L+1) - p)) passes, their loss takes the
@@ -219,7 +226,7 @@ def espo(ref):
                                       "complement passes")
 
 
-@case("gdpo", "gdpo")
+@case("gdpo", GDPO)
 def gdpo(ref):
     """GDPO's ``compute_loss`` -> ``NumericalIntegrationEstimator('gauss-3').get_log_likelihood``: the authors' own
     sampler (``forward_process``: exactly int(t L) positions by ``randperm``) draws each node's mask, their estimator

@@ -20,8 +20,10 @@ from types import SimpleNamespace
 
 import torch
 
-from loss_parity_lib import (case, centred, load_reference, log_probs, perturbed, record, rl_inputs, source_block,
-                             trainer)
+from loss_parity_lib import (case, centred, load_reference, log_probs, perturbed, record, repository, rl_inputs,
+                             source_block, trainer)
+
+IGPO = repository("igpo", "facebookresearch/igpo")
 
 REL = "trainer_igpo.py"
 SEQ_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group")
@@ -59,7 +61,7 @@ def _run(mod, x: dict, logp, old, ref_lp, others, adv, token_mask, inpaint, mu: 
     return tr.compute_loss(None, inputs)
 
 
-@case("igpo", "igpo")
+@case("igpo", IGPO)
 def igpo(ref):
     mod = load_reference(ref.file(REL), "igpo")
     x = rl_inputs(seed=31, eos_rows=0)
@@ -92,7 +94,7 @@ def igpo(ref):
                                       "of hints (masked and scored, entropy-filtered)")
 
 
-@case("igpo_hints_unscored", "igpo")
+@case("igpo_hints_unscored", IGPO)
 def igpo_hints_unscored(ref):
     mod = load_reference(ref.file(REL), "igpo_hints_unscored")
     x = rl_inputs(seed=32, eos_rows=0)

@@ -14,8 +14,14 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from loss_parity_lib import Stub, case, load_reference, log_probs, nested_function, perturbed, record, rl_inputs, trainer
+from loss_parity_lib import (Stub, case, load_reference, log_probs, nested_function, perturbed, record, repository,
+                             rl_inputs, trainer)
 from tests.algorithms.parity_io import FIRST_TOKEN, MASK_ID, PAD, VOCAB, completion_hidden
+
+CJ_GRPO = repository("cj_grpo", "yjyddq/EOSER-ASS-RL")
+DLLM_RL = repository("dllm_rl", "Gen-Verse/dLLM-RL")
+DIRL = repository("dirl", "OpenMOSS/DiRL")
+MDPO = repository("mdpo", "autonomousvision/mdpo")
 
 SEQ_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "group")
 
@@ -82,7 +88,7 @@ def _trace_inputs(seed: int):
     return x, g, lengths
 
 
-@case("cj_grpo", "cj_grpo")
+@case("cj_grpo", CJ_GRPO)
 def cj_grpo(ref):
     """CJ-GRPO's ``compute_loss``: per decoding step a token mean over the tokens written at that step (its
     ``reversed_traj_unmask_positions``), then the mean over the steps; ASS schedule (1, 2, 4, ... tokens per step)."""
@@ -115,7 +121,7 @@ def cj_grpo(ref):
                   note="every token written at step s is a target of step s (post-EOS padding included)")
 
 
-@case("tracerl_llada", "dllm_rl")
+@case("tracerl_llada", DLLM_RL)
 def tracerl_llada(ref):
     """TraceRL, full attention (``train/rl_llada.py``): the authors' ``prepare_inputs_and_labels_for_text`` turns
     the step map into (sample, step group) rows (shrink 2, post_num 1), their ``forward_process`` is the loss (each
@@ -191,7 +197,7 @@ def _tracerl_sdar(ref, seed: int, pads_first=(), xfail: str = ""):
                   note=f"{N} training rows from {B} samples; block size {block}")
 
 
-@case("tracerl_sdar", "dllm_rl")
+@case("tracerl_sdar", DLLM_RL)
 def tracerl_sdar(ref):
     """TraceRL, block attention (``train/rl_sdar.py``): the authors' ``collect_training_data`` makes one row per
     round (every block's next denoising step), their ``forward_process`` divides the surrogate and KL sums of a row by
@@ -199,7 +205,7 @@ def tracerl_sdar(ref):
     return _tracerl_sdar(ref, 19)
 
 
-@case("tracerl_sdar_pads_first", "dllm_rl")
+@case("tracerl_sdar_pads_first", DLLM_RL)
 def tracerl_sdar_pads_first(ref):
     """As ``tracerl_sdar``, but in rows 0-2 the padding after the EOS is decoded before the rest of its block."""
     return _tracerl_sdar(ref, 19, pads_first=(0, 1, 2))
@@ -215,7 +221,7 @@ class _Output(SimpleNamespace):
         return None
 
 
-@case("dirl", "dirl")
+@case("dirl", DIRL)
 def dirl(ref):
     """DiRL / DiPO: the authors' ``UniversalPrompting`` lays out [prompt ; response ; padding] with the step map,
     their ``collect_training_data`` / ``generate_training_samples_for_one`` make one row per round of block steps
@@ -323,7 +329,7 @@ class _TrainerBase:
         return Stub()
 
 
-@case("mdpo", "mdpo")
+@case("mdpo", MDPO)
 def mdpo(ref):
     """MDPO as its recipe runs it (``config_demo.yaml``: one sample per device, ``num_generations`` devices per
     prompt): for every sample ("device") the authors' ``_generate_and_score_completions`` scores each intermediate

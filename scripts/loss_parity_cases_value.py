@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from loss_parity_cases_replay import _row_logits, _seq, _steps_per_block, _trace_inputs, _z_scores
-from loss_parity_lib import case, load_reference, log_probs, nested_function, perturbed, record
+from loss_parity_lib import repository, case, load_reference, log_probs, nested_function, perturbed, record
 from tests.algorithms.parity_io import MASK_ID, PAD
+
+DLLM_RL = repository("dllm_rl", "Gen-Verse/dLLM-RL")
 
 GAMMA, LAM, BLOCK = 0.9, 0.8, 4
 
@@ -69,7 +71,7 @@ CONFIG = dict(inner_iterations=2, clip_low=0.2, clip_high=None, logratio_clamp=1
               normalize="round_length", value_model=True, value_clip=0.2, value_gamma=GAMMA, value_lambda=LAM)
 
 
-@case("tracerl_value_loss", "dllm_rl")
+@case("tracerl_value_loss", DLLM_RL)
 def tracerl_value_loss(ref):
     """The value model's loss (``train_sdar_value.py`` ``forward_process``): ``0.5 max((V - R)^2, (V_clip - R)^2)``
     with ``V_clip = V_old + clip(V - V_old, +-eps)``, each row's sum divided by the response length, mean over rows;
@@ -93,7 +95,7 @@ def tracerl_value_loss(ref):
                   runner="value_loss", note=f"{len(owners)} rows from {B} samples; gamma {GAMMA}, lambda {LAM}")
 
 
-@case("tracerl_value_policy", "dllm_rl")
+@case("tracerl_value_policy", DLLM_RL)
 def tracerl_value_policy(ref):
     """The policy loss with the value model's token-wise advantages (``train_sdar_policy.py`` ``forward_process`` on
     the advantages ``compute_returns_and_advantages_from_fragments`` wrote into the rows)."""

@@ -211,24 +211,24 @@ def source_block(path: Path, start: str, stop: str, **variables) -> dict:
 # Reference checkouts and the case registry
 # ----------------------------------------------------------------------------------------------------------
 
-REPOS = {  # key -> GitHub repository of the authors' code
-    "d1": "dllm-reasoning/d1",
-    "wd1": "xiaohangt/wd1",
-    "diffucoder": "apple/ml-diffucoder",
-    "spg": "facebookresearch/SPG",
-    "espo": "ML-GSAI/ESPO",
-    "mdpo": "autonomousvision/mdpo",
-    "cj_grpo": "yjyddq/EOSER-ASS-RL",
-    "dllm_rl": "Gen-Verse/dLLM-RL",
-    "dirl": "OpenMOSS/DiRL",
-    "justgrpo": "LeapLabTHU/JustGRPO",
-    "dtreerpo": "THU-BPM/d-TreeRPO",
-    "gdpo": "KevinRojas1499/GDPO",
-    "igpo": "facebookresearch/igpo",
-    "d2": "kuleshov-group/d2",
-    "egspo": "vishnutez/egspo-dllm-rl",
-    "d_opsd": "xingzhejun/d-OPSD",
-}
+REPOS: dict[str, str] = {}  # key -> GitHub repository of the authors' code, declared by the case modules
+
+
+def repository(key: str, repo: str) -> str:
+    """Declare that cases of ``key`` run code of GitHub repository ``repo`` ("owner/name"); returns ``key``. Each
+    case module declares its own, so a new method's cases add a module and edit no list."""
+    if REPOS.setdefault(key, repo) != repo:
+        raise ValueError(f"reference key {key!r} names {REPOS[key]} and {repo}")
+    return key
+
+
+def load_case_modules(folder: Path) -> list[str]:
+    """Import every ``loss_parity_cases_*.py`` of ``folder`` (each registers its cases and repositories)."""
+    import importlib
+    names = sorted(p.stem for p in folder.glob("loss_parity_cases_*.py"))
+    for name in names:
+        importlib.import_module(name)
+    return names
 
 
 @dataclasses.dataclass
@@ -282,8 +282,9 @@ def case(name: str, ref_key: str):
 
 
 def record(method: str, config: dict, inputs: dict, leaves: dict, loss: torch.Tensor, reference: dict,
-           runner: Optional[str] = None, note: str = "", xfail: str = "") -> dict:
-    """A case: inputs, the dare config, and the reference's loss and gradients w.r.t. the ``leaves``."""
+           runner: Optional[str] = None, note: str = "", xfail: str = "", doc: Optional[dict] = None) -> dict:
+    """A case: inputs, the dare config, and the reference's loss and gradients w.r.t. the ``leaves``. ``doc``
+    ({"authors": ..., "dare": ...}: the code each side runs) is the case's row in docs/loss_parity.md."""
     loss.backward()
     missing = [k for k, v in leaves.items() if v.grad is None]
     if missing:
@@ -293,7 +294,7 @@ def record(method: str, config: dict, inputs: dict, leaves: dict, loss: torch.Te
     return {"method": method, "runner": runner or method, "config": config, "inputs": inputs,
             "leaves": sorted(leaves), "expected": {"loss": loss.detach().double(),
                                                    "grad": {k: v.grad.detach().double() for k, v in leaves.items()}},
-            "reference": reference, "note": note, "xfail": xfail}
+            "reference": reference, "note": note, "xfail": xfail, **({"doc": doc} if doc else {})}
 
 
 def _compact(value):

@@ -23,15 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
 import loss_parity_lib as lib  # noqa: E402
-import loss_parity_cases_ar_tree  # noqa: E402,F401  (registers its cases)
-import loss_parity_cases_d2  # noqa: E402,F401
-import loss_parity_cases_egspo  # noqa: E402,F401
-import loss_parity_cases_dopsd  # noqa: E402,F401
-import loss_parity_cases_grpo  # noqa: E402,F401
-import loss_parity_cases_igpo  # noqa: E402,F401
-import loss_parity_cases_replay  # noqa: E402,F401
-import loss_parity_cases_value  # noqa: E402,F401
-from tests.algorithms.parity_io import CASE_DIR, save_case  # noqa: E402
+from tests.algorithms.parity_io import CASE_DIR, load_case, save_case  # noqa: E402
 
 
 def _pairs(items: list[str], flag: str) -> dict:
@@ -45,6 +37,7 @@ def _pairs(items: list[str], flag: str) -> dict:
 
 
 def main(argv=None) -> int:
+    lib.load_case_modules(Path(__file__).resolve().parent)  # every scripts/loss_parity_cases_*.py
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--refs-root", type=Path, help="folder holding the reference checkouts")
     ap.add_argument("--ref", action="append", default=[], metavar="KEY=PATH", help="one reference checkout")
@@ -68,6 +61,10 @@ def main(argv=None) -> int:
         if key not in refs:
             refs[key] = lib.find_reference(key, paths, args.refs_root, commits)
         case = fn(refs[key])
+        previous = args.out / f"{name}.pt"
+        if "doc" not in case and previous.is_file():  # keep the case's row of docs/loss_parity.md
+            doc = load_case(previous).get("doc")
+            case.update({"doc": doc} if doc else {})
         path = save_case(name, case, args.out)
         grads = ", ".join(f"{k} {tuple(v.shape)}" for k, v in case["expected"]["grad"].items())
         print(f"{name:24s} loss {float(case['expected']['loss']):+.6f}  grad {grads}  "

@@ -54,6 +54,25 @@ def case_paths(directory: Path = CASE_DIR) -> list[Path]:
     return sorted(directory.glob("*.pt"))
 
 
+def cases_markdown(directory: Path = CASE_DIR) -> str:
+    """docs/loss_parity.md's table of the cases, from the case files (``python scripts/generate.py`` writes it):
+    one row per run of cases (by name) with the same reference and the same description (``doc``)."""
+    rows: list[tuple[list[str], tuple]] = []
+    for path in case_paths(directory):
+        case = torch.load(path, weights_only=True)
+        ref, doc = case["reference"], case.get("doc") or {}
+        key = (f"{ref['repo']} @ `{ref['commit'][:7]}`",
+               doc.get("authors") or f"`{ref['file']}` {ref['code']}",
+               doc.get("dare") or f"`{case['method']}` (runner `{case['runner']}`)")
+        if rows and rows[-1][1] == key:
+            rows[-1][0].append(path.stem)
+        else:
+            rows.append(([path.stem], key))
+    lines = ["| case | reference (commit) | the authors' code that runs | dare's code that runs |", "|---|---|---|---|"]
+    lines += ["| " + ", ".join(f"`{n}`" for n in names) + " | " + " | ".join(key) + " |" for names, key in rows]
+    return "\n".join(lines)
+
+
 def stub_adapter(block_size=None):
     """The adapter fields the RL hooks read, for the tiny parity vocabulary (no model behind it)."""
     return SimpleNamespace(mask_token_id=MASK_ID, is_block_causal=block_size is not None, block_size=block_size,

@@ -27,10 +27,28 @@ RUNNERS = {}
 
 
 def runner(name):
+    """Register dare's side of a kind of case. A method's own runner lives next to its test
+    (``tests/algorithms/test_<method>.py``, ``from tests.algorithms.test_loss_parity import runner``): a case whose
+    runner is not among the shared ones below is looked up there, so a new method edits no list here."""
     def register(fn):
-        RUNNERS[name] = fn
+        if RUNNERS.setdefault(name, fn) is not fn:
+            raise ValueError(f"loss-parity runner {name!r} is registered twice")
         return fn
     return register
+
+
+def find_runner(case: dict):
+    """The runner a case names: a shared one, else the one its method's test module registers."""
+    if case["runner"] not in RUNNERS:
+        import importlib
+        try:
+            importlib.import_module(f"tests.algorithms.test_{case['method']}")
+        except ModuleNotFoundError as e:
+            raise LookupError(f"no loss-parity runner {case['runner']!r}: not shared here and no "
+                              f"tests/algorithms/test_{case['method']}.py ({e})") from e
+    if case["runner"] not in RUNNERS:
+        raise LookupError(f"no loss-parity runner {case['runner']!r} here or in tests/algorithms/test_{case['method']}.py")
+    return RUNNERS[case["runner"]]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -398,7 +416,7 @@ def test_loss_and_gradient_match_the_reference(path, monkeypatch, request):
     if case.get("xfail"):  # a known mismatch, reported to be decided; strict: a fix makes this case fail as XPASS
         request.applymarker(pytest.mark.xfail(reason=case["xfail"], strict=True))
     algo = build_algorithm(get_algorithm(case["method"]).config_class(name=case["method"], **case["config"]))
-    loss, leaves = RUNNERS[case["runner"]](algo, case["inputs"], monkeypatch)
+    loss, leaves = find_runner(case)(algo, case["inputs"], monkeypatch)
     loss.backward()
     expected = case["expected"]
     torch.testing.assert_close(loss.detach().double(), expected["loss"], **TOL)
