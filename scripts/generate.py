@@ -36,6 +36,7 @@ import plan_recipes  # noqa: E402
 
 PAPER_MARKERS = ("<!-- paper-settings:start -->", "<!-- paper-settings:end -->")
 TABLE_MARKERS = ("<!-- comparison-table:start -->", "<!-- comparison-table:end -->")
+GRID_MARKERS = ("<!-- paper-grid:start -->", "<!-- paper-grid:end -->")
 CASES_MARKERS = ("<!-- loss-parity-cases:start -->", "<!-- loss-parity-cases:end -->")
 COMPARISON_DATA = ROOT / "docs" / "comparison.json"
 
@@ -66,6 +67,11 @@ def paper_recipes() -> Rendered:
     for extra in set(make_paper_recipes.OUT.rglob("*.yaml")) - set(files):
         files[extra] = None
     return files
+
+
+def paper_grid_table() -> Rendered:
+    doc = ROOT / "docs" / "paper_recipes.md"
+    return {doc: replace_between(_read(doc), GRID_MARKERS, make_paper_recipes.grid_table(), "docs/paper_recipes.md")}
 
 
 def paper_settings_docs() -> Rendered:
@@ -107,7 +113,7 @@ def loss_parity_cases() -> Rendered:
 
 
 ARTIFACTS: dict[str, Callable[[], Rendered]] = {
-    "matrix": readme_matrix, "paper-recipes": paper_recipes, "paper-settings": paper_settings_docs,
+    "matrix": readme_matrix, "paper-recipes": paper_recipes, "paper-grid": paper_grid_table, "paper-settings": paper_settings_docs,
     "plans": plan_tables, "comparison": comparison_report,
     "loss-parity": loss_parity_cases,
 }

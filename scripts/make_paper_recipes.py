@@ -328,6 +328,24 @@ def to_yaml(recipe: dict, header: list[str]) -> str:
     return "\n".join(lines + _emit(recipe, 0)) + "\n"
 
 
+def grid_table() -> str:
+    """docs/paper_recipes.md's table of the grid, per model folder (``python scripts/generate.py`` writes it)."""
+    _, attention = registry()
+    cells = grid()
+    lines = [f"`recipes/paper/<model>/<algorithm>_<task>.yaml`, {len(cells)} files:", "",
+             "| model folder | checkpoint | attention | algorithms (registry: RL methods whose `supports` holds the kind) "
+             "| recipes |", "|---|---|---|---|---|"]
+    above = None
+    for m in MODELS:
+        names = sorted({n for mm, n, _ in cells if mm is m})
+        listed = f"the same {len(names)}" if names == above else ", ".join(names)
+        block = f" (block {m.block_size})" if m.block_size else ""
+        lines.append(f"| `{m.folder}` | `{m.path}`{block} | {attention[m.family].replace('_', '-')} | {listed} | "
+                     f"{sum(1 for mm, _, _ in cells if mm is m)} |")
+        above = names
+    return "\n".join(lines)
+
+
 def render_all() -> dict[Path, str]:
     return {OUT / m.folder / f"{name}_{task}.yaml": to_yaml(*build(m, name, task)) for m, name, task in grid()}
 
