@@ -162,6 +162,16 @@ def main(argv=None) -> int:
             print(f"{len(changes)} generated file(s) out of date: run `python scripts/generate.py`")
         return 1 if changes else 0
     write(changes)
+    # Two artifacts may own blocks of one file (docs/paper_recipes.md: the grid table and the planned resources), each
+    # rendered from the file as it was: render again until nothing changes
+    for _ in range(3):
+        again = stale(chosen)
+        if not again:
+            break
+        write(again)
+    else:
+        print("error: the generated files do not settle (two artifacts rewrite the same block)")
+        return 1
     print(f"{len(changes)} file(s) updated; {', '.join(chosen)} up to date")
     return 0
 
