@@ -41,11 +41,14 @@ def find_runner(case: dict):
     """The runner a case names: a shared one, else the one its method's test module registers."""
     if case["runner"] not in RUNNERS:
         import importlib
+        module = f"tests.algorithms.test_{case['method']}"
         try:
-            importlib.import_module(f"tests.algorithms.test_{case['method']}")
+            importlib.import_module(module)
         except ModuleNotFoundError as e:
+            if e.name != module:  # the test module exists and fails to import: say that, not "missing"
+                raise
             raise LookupError(f"no loss-parity runner {case['runner']!r}: not shared here and no "
-                              f"tests/algorithms/test_{case['method']}.py ({e})") from e
+                              f"tests/algorithms/test_{case['method']}.py") from e
     if case["runner"] not in RUNNERS:
         raise LookupError(f"no loss-parity runner {case['runner']!r} here or in tests/algorithms/test_{case['method']}.py")
     return RUNNERS[case["runner"]]
