@@ -20,6 +20,7 @@ from loss_parity_lib import case, load_reference, log_probs, record, repository,
 from tests.algorithms.parity_io import MASK_ID, VOCAB, embed_logp
 
 DARE = repository("dare", "yjyddq/DARE")
+JACKKNIFE_SPREAD, CUMULANT_SPREAD = 0.3, 0.15
 CORE, ACTOR, BRIDGE = ("verl/trainer/ppo/dllm_core_algos.py", "verl/workers/actor/llada_dp_actor_coupled_grpo.py",
                        "verl/workers/actor/llada_dp_actor_bridgeratio_grpo.py")
 
@@ -54,7 +55,9 @@ def _path_scores(actor_mod, per_view: torch.Tensor, micro: dict, prompt_len: int
     return scores
 
 
-def _bridge_case(ref, name: str, seed: int, correction: str, score_scale: str, spread: float):
+def _bridge_case(ref, name: str, seed: int, correction: str, score_scale: str, spread: float, lowered=()):
+    """``lowered``: samples whose old per-token log-probs sit 0.3 lower (their ratio far above 1: with a
+    negative advantage, the dual clip acts)."""
     core, dllm, actor_mod, bridge = _modules(ref)
     x = rl_inputs(seed=seed, eos_rows=0)
     g = x.pop("generator")
@@ -71,6 +74,8 @@ def _bridge_case(ref, name: str, seed: int, correction: str, score_scale: str, s
              "perturbed_seq": perturbed_seq, "mask_indices": mask_indices, "p_mask": p_mask}
     views = log_probs(g, 3, B, Lc).requires_grad_()  # current policy: per-token log-probs of each path's logits
     old_views = (views.detach() + spread * torch.randn(3, B, Lc, generator=g, dtype=torch.float64)).clamp(max=-0.01)
+    for b in lowered:
+        old_views[:, b] -= 0.3
     response_mask = x["completion_mask"].float()
     scaler = trainer(bridge.DLLMDataParallelPPOActor, bridge_ratio_score_scale=score_scale)
     scale = bridge.DLLMDataParallelPPOActor._scale_bridge_path_scores
@@ -98,7 +103,8 @@ def _bridge_case(ref, name: str, seed: int, correction: str, score_scale: str, s
                                  "core_algos.compute_grpo_outcome_advantage"),
                   runner="bridgeratio_grpo",
                   note=f"correction {correction}, score scale {score_scale}; logp_views[k] are the per-token "
-                       f"log-probs of path k (all masked, t, 1-t); old paths {spread} apart",
+                       f"log-probs of path k (all masked, t, 1-t); old paths {spread} apart"
+                       + (f", samples {list(lowered)} 0.3 lower" if lowered else ""),
                   doc={"authors": f"`{CORE}` `_forward_process_coupled_grpo` (draws each sample's t and paths), "
                                   f"`{ACTOR}` `_forward_micro_batch` (path scores of the current and old logits), "
                                   f"`{BRIDGE}` `_scale_bridge_path_scores`, `core_algos.compute_grpo_outcome_advantage`, "
@@ -120,9 +126,10 @@ def bridgeratio_delta(ref):
 
 @case("bridgeratio_grpo_jackknife", DARE)
 def bridgeratio_jackknife(ref):
-    return _bridge_case(ref, "bridgeratio_grpo_jackknife", 83, "jackknife", "sequence", 0.05)
+    return _bridge_case(ref, "bridgeratio_grpo_jackknife", 83, "jackknife", "sequence", JACKKNIFE_SPREAD,
+                        lowered=(1, 4))
 
 
 @case("bridgeratio_grpo_cumulant", DARE)
 def bridgeratio_cumulant(ref):
-    return _bridge_case(ref, "bridgeratio_grpo_cumulant", 84, "cumulant", "sequence", 0.05)
+    return _bridge_case(ref, "bridgeratio_grpo_cumulant", 84, "cumulant", "valid_tokens", CUMULANT_SPREAD)

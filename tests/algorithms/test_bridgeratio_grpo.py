@@ -95,6 +95,10 @@ def test_paths_are_coupled_grpo_views_with_full_weights():
     assert ll.value.shape == (batch.size, 3)
     seq = build_algorithm(BridgeRatioGRPOConfig(score_scale="sequence")).log_likelihood(ctx, model, batch, [v0, v1, v2])
     torch.testing.assert_close(ll.value * batch.completion_ids.shape[1], seq.value)
+    # valid_tokens (DARE's _scale_bridge_path_scores): the token-scale score times the sample's own length
+    own = build_algorithm(BridgeRatioGRPOConfig(score_scale="valid_tokens")).log_likelihood(ctx, model, batch,
+                                                                                          [v0, v1, v2])
+    torch.testing.assert_close(own.value, ll.value * scored.float().sum(1, keepdim=True))
 
 
 def test_loss_is_a_dual_clipped_ppo_on_the_sequence_ratio():
@@ -128,6 +132,10 @@ def test_config_refuses_what_it_does_not_define():
         BridgeRatioGRPOConfig(correction="taylor")
     with pytest.raises(ValueError, match="full_mask_view"):
         BridgeRatioGRPOConfig(full_mask_view=False)
+    with pytest.raises(ValueError, match="token mean"):
+        BridgeRatioGRPOConfig(aggregation="seq_mean_token_mean")
+    with pytest.raises(ValueError, match="dual_clip"):
+        BridgeRatioGRPOConfig(dual_clip=None)
 
 
 # `dare train` for 2 steps on every supported family: tests/algorithms/test_matrix.py.

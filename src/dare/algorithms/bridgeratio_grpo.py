@@ -10,7 +10,8 @@ Paths (DARE's ``_forward_process_coupled_grpo``, Coupled-GRPO's views, ``coupled
 and inner iteration one ``t ~ U[t_min, t_max]`` and a uniform draw per completion token; path 0 masks the whole
 completion (weight 1), path 1 the tokens drawn below t (weight 1/t), path 2 the others (weight 1/(1 - t)).
 ``l(tau_k) = sum of the path's masked log-probs x weight / Lc`` (the ``token`` scale: DARE's score divided by the
-padded completion length; ``sequence`` drops the division, ``valid_tokens`` divides by the sample's own length).
+padded completion length; ``sequence`` drops the division, ``valid_tokens`` multiplies it by the sample's own
+length, as DARE's ``_scale_bridge_path_scores`` does).
 
 Corrections of the log-ratio (``correction``):
 
@@ -24,8 +25,9 @@ Loss: dual-clip PPO on the sequence ratio (clip 0.2 both sides, c = 3 for A < 0)
 token of a sample carries its sequence's term), GRPO advantages ``(r - mean) / (std + 1e-6)`` with the unbiased std
 (verl's ``compute_grpo_outcome_advantage``). DARE's scripts train it without a KL term and with one update per
 rollout batch (``ppo_epochs`` 1, one mini-batch): the ratio is then 1 and the gradient is the path-softmax weighted
-``A sum_k softmax_k(l) grad l_k``. Deviation: DARE scores completion positions after the end of the sample too
-(with the zero logits of unpadded rows); dare scores the completion's own tokens only.
+``A sum_k softmax_k(l) grad l_k``. Deviation: DARE's paths also score every position whose attention mask is 0 --
+the prompt's left padding and the completion after its end -- with the zero logits of unpadded rows (``log V`` each,
+divided by its ``p_mask``); dare scores the completion's own tokens only.
 """
 from __future__ import annotations
 
@@ -74,6 +76,12 @@ class BridgeRatioGRPOConfig(CoupledGRPOConfig):
         if self.beta != 0:
             raise ValueError("bridgeratio_grpo has no KL term (DARE trains it without one): set algorithm.beta=0 "
                              "or use coupled_grpo for a KL-regularised coupled estimator")
+        if self.aggregation != "token_mean":
+            raise ValueError(f"bridgeratio_grpo's loss is a token mean over the step (verl's token-mean), got "
+                             f"aggregation={self.aggregation!r}")
+        if self.dual_clip is None:
+            raise ValueError("bridgeratio_grpo is a dual-clip PPO (verl's clip_ratio_c): dual_clip must be a number "
+                             "> 1 (3.0 in DARE)")
         if not self.full_mask_view:
             raise ValueError("bridgeratio_grpo's paths are the all-masked, t and 1-t views: full_mask_view must be "
                              "true")
@@ -156,8 +164,8 @@ class BridgeRatioGRPO(CoupledGRPO):
         scale = self.config.score_scale
         if scale == "token":
             paths = paths / batch.completion_ids.shape[1]
-        elif scale == "valid_tokens":
-            paths = paths / batch.completion_mask.float().sum(1, keepdim=True).clamp_min(1)
+        elif scale == "valid_tokens":  # DARE: the token-scale score times the sample's own length
+            paths = paths * batch.completion_mask.float().sum(1, keepdim=True).clamp_min(1) / batch.completion_ids.shape[1]
         return LogLik(paths, ent_total)
 
     def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int):
@@ -183,4 +191,6 @@ class BridgeRatioGRPO(CoupledGRPO):
                        "clip_frac": float(((ppo > unclipped).float() * weight).sum()),
                        "dual_clip_frac": float((((adv < 0) & (ppo > -adv * cfg.dual_clip)).float() * weight).sum()),
                        "correction_mean": float((correction.detach() * weight).sum())}
+            if current.entropy is not None:  # mean entropy of the scored tokens, over the paths
+                metrics["entropy"] = float((current.entropy.detach().reshape(-1) * weight).sum())
         return loss, metrics
