@@ -499,3 +499,14 @@ def test_reference_loader_runs_the_file_with_inert_framework_imports(tmp_path):
     assert lib.nested_function(src, "inner", torch=torch, scale=5.0)(torch.tensor(2.0)).item() == 10.0
     with pytest.raises(ValueError, match="expected one function"):
         lib.nested_function(src, "missing")
+
+
+def test_a_case_finds_its_runner_in_its_method_test_or_says_where_it_looked():
+    """Shared runners are here; a method's own runner is registered by its test module (imported on demand)."""
+    assert find_runner({"runner": "coupled_grpo", "method": "coupled_grpo"}) is RUNNERS["coupled_grpo"]
+    assert find_runner({"runner": "bridgeratio_grpo", "method": "bridgeratio_grpo"}).__module__.endswith(
+        "test_bridgeratio_grpo")
+    with pytest.raises(LookupError, match="no tests/algorithms/test_no_such_method.py"):
+        find_runner({"runner": "nope", "method": "no_such_method"})
+    with pytest.raises(LookupError, match="here or in tests/algorithms/test_d1.py"):
+        find_runner({"runner": "nope", "method": "d1"})
