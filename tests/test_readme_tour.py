@@ -80,7 +80,8 @@ def runnable_halves() -> list[list[str]]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("half", [0, 1], ids=["first-half", "second-half"])
+@pytest.mark.parametrize("half", [pytest.param(0, id="first-half", marks=pytest.mark.multiprocess),  # torchrun
+                                  pytest.param(1, id="second-half")])
 def test_the_tour_runs_line_by_line(tmp_path, half):
     work = _workspace(tmp_path)
     dare = Path(sys.executable).with_name("dare")
