@@ -55,7 +55,7 @@ def _path_scores(actor_mod, per_view: torch.Tensor, micro: dict, prompt_len: int
     return scores
 
 
-def _bridge_case(ref, name: str, seed: int, correction: str, score_scale: str, spread: float, lowered=()):
+def _bridge_case(ref, seed: int, correction: str, score_scale: str, spread: float, lowered=()):
     """``lowered``: samples whose old per-token log-probs sit 0.3 lower (their ratio far above 1: with a
     negative advantage, the dual clip acts)."""
     core, dllm, actor_mod, bridge = _modules(ref)
@@ -116,20 +116,20 @@ def _bridge_case(ref, name: str, seed: int, correction: str, score_scale: str, s
 
 @case("bridgeratio_grpo", DARE)
 def bridgeratio_none(ref):
-    return _bridge_case(ref, "bridgeratio_grpo", 81, "none", "token", 0.4)
+    return _bridge_case(ref, 81, "none", "token", 0.4)
 
 
 @case("bridgeratio_grpo_delta", DARE)
 def bridgeratio_delta(ref):
-    return _bridge_case(ref, "bridgeratio_grpo_delta", 82, "delta", "token", 0.4)
+    return _bridge_case(ref, 82, "delta", "token", 0.4)
 
 
 @case("bridgeratio_grpo_jackknife", DARE)
 def bridgeratio_jackknife(ref):
-    return _bridge_case(ref, "bridgeratio_grpo_jackknife", 83, "jackknife", "sequence", JACKKNIFE_SPREAD,
+    return _bridge_case(ref, 83, "jackknife", "sequence", JACKKNIFE_SPREAD,
                         lowered=(1, 4))
 
 
 @case("bridgeratio_grpo_cumulant", DARE)
 def bridgeratio_cumulant(ref):
-    return _bridge_case(ref, "bridgeratio_grpo_cumulant", 84, "cumulant", "valid_tokens", CUMULANT_SPREAD)
+    return _bridge_case(ref, 84, "cumulant", "valid_tokens", CUMULANT_SPREAD)
