@@ -115,7 +115,7 @@ def _records(cache: dict) -> dict:
 def save(cache: dict, mine: dict, records: dict, keep=None) -> None:
     """Write the cache with this run's plans (``mine``, their ``records``) merged into what is on disk (another run
     may be planning other recipes into the same file); with ``keep``, only the plans of those shape keys."""
-    from dare.plan.provenance import store
+    from dare.plan.provenance import Fingerprinter, narrow, store
     every = _records(cache)
     if OUT_JSON.exists():
         disk = json.loads(OUT_JSON.read_text())
@@ -127,6 +127,8 @@ def save(cache: dict, mine: dict, records: dict, keep=None) -> None:
     every.update(records)
     if keep is not None:
         cache["plans"] = {k: v for k, v in cache["plans"].items() if k in keep}
+    fp = Fingerprinter()  # records stored with the whole skeleton of modules they only imported are narrowed (exact)
+    every = {k: narrow(record, fp) for k, record in every.items()}
     for plan in cache["plans"].values():
         plan.pop("depends", None)
     cache["provenance"], ranges = store({k: every[k] for k in cache["plans"] if k in every})

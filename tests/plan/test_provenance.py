@@ -142,3 +142,124 @@ def test_another_packages_code_is_compared_only_under_another_version():
     assert set(moved) == {"version:transformers", "transformers/not_a_module.py::f"}
     assert not any(provenance.is_own(k) for k in moved)
     assert provenance.is_own("dare/trainer/loop.py::Trainer.train_step") and provenance.is_own("no record")
+
+
+# --- a module the plan only imported -----------------------------------------------------------------------------
+BASE = textwrap.dedent('''
+    class Base:
+        def run(self, other):
+            getattr(other, "looked_up", None)
+            return self.hook()
+
+        def hook(self):
+            return 1
+
+
+    def register(name):
+        return lambda fn: fn
+''')
+
+OTHER = textwrap.dedent('''
+    import json
+
+    from probe_base import Base, register
+
+    SIZE = 3
+
+
+    class Encoder(json.JSONEncoder):  # another package's class: which of its methods ran is not recorded
+        def _extra(self):
+            return 0
+
+
+    class Other(Base):
+        kind = "other"
+
+        def _private(self):
+            return 0
+
+        def hook(self):
+            return 2
+
+
+    @register("square")
+    def square(x):
+        return x * x
+''')
+
+
+def _import_probes(tmp_path, monkeypatch):
+    """probe_base (its methods run) and probe_other (imported only) inside a fake ``dare`` root, imported while
+    recording as a plan imports dare."""
+    import importlib.util
+    import sys
+    pkg = tmp_path / "dare"
+    mods = {}
+    for name, source in (("probe_base", BASE), ("probe_other", OTHER)):
+        (pkg / f"{name}.py").write_text(source)
+        spec = importlib.util.spec_from_file_location(name, pkg / f"{name}.py")
+        mods[name] = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, mods[name])
+        spec.loader.exec_module(mods[name])
+    mods["probe_base"].Base().run(object())
+    return pkg
+
+
+def _record(tmp_path, monkeypatch):
+    (tmp_path / "dare").mkdir(exist_ok=True)
+    monkeypatch.setattr(provenance, "_package_roots", lambda: {"dare": tmp_path})
+    with recording() as rec:
+        pkg = _import_probes(tmp_path, monkeypatch)
+    return rec, pkg
+
+
+def test_a_module_only_imported_is_narrowed_and_names_what_it_watches(tmp_path, monkeypatch):
+    rec, _ = _record(tmp_path, monkeypatch)
+    assert {"dare/probe_base.py", "dare/probe_base.py::Base.run", "dare/probe_base.py::Base.hook"} <= set(rec)
+    (other,) = [k for k in rec if k.startswith("dare/probe_other.py")]
+    rel, watched = provenance.parse_imported_key(other)
+    assert rel == "dare/probe_other.py" and provenance.imported_key(rel, watched) == other
+    # the names that ran where a def here would shadow them: Base's methods, the imports, a name looked up by string
+    assert watched == {"": {"Base", "register"}, "?": {"looked_up"}, "Other": {"run", "hook"}, "Encoder": {"*"}}
+    assert Fingerprinter().changed(rec) == {}
+
+
+@pytest.mark.parametrize("edit,stale", [
+    (lambda s: s.replace("return 0", "return 5"), False),  # a body: no function of the module ran
+    (lambda s: s.replace("def _private", "def _renamed"), False),  # a helper added, one gone
+    (lambda s: s.replace("    def hook(self):\n        return 2\n", ""), True),  # an override of what ran
+    (lambda s: s.replace("return 2", "return 3"), False),  # its body did not run
+    (lambda s: s.replace("def _private", "def run"), True),  # a new override of a method that ran
+    (lambda s: s.replace("def _private", "def looked_up"), True),  # a name code that ran looks up by string
+    (lambda s: s.replace("def _private", "def __post_init__"), True),  # run implicitly
+    (lambda s: s.replace("SIZE = 3", "SIZE = 4"), True),
+    (lambda s: s.replace('kind = "other"', 'kind = "box"'), True),
+    (lambda s: s.replace('"square"', '"cube"'), True),  # a registration
+    (lambda s: s + "\n\n@register('cube')\ndef cube(x):\n    return x ** 3\n", True),
+    (lambda s: s + "\n\ndef helper(x):\n    return x\n", False),
+    (lambda s: s + "\n\ndef Base():\n    return None\n", True),  # shadows a class whose methods ran
+    (lambda s: s.replace("def _extra", "def _other"), True),  # every def of a class with an untraced base
+])
+def test_an_imported_module_stales_a_plan_only_where_it_can_change_what_ran(tmp_path, monkeypatch, edit, stale):
+    rec, pkg = _record(tmp_path, monkeypatch)
+    src = pkg / "probe_other.py"
+    src.write_text(edit(src.read_text()))
+    changed = Fingerprinter().changed(rec)
+    assert bool(changed) == stale, changed
+    assert all(k.startswith("dare/probe_other.py#imported") for k in changed)
+
+
+def test_a_stored_whole_skeleton_record_narrows_exactly_and_only_while_current(tmp_path, monkeypatch):
+    """Plans stored before narrowing keep each imported module's whole skeleton; narrowing such a record (its modules
+    as they were) gives the record a plan made now keeps, and narrowing twice changes nothing."""
+    rec, pkg = _record(tmp_path, monkeypatch)
+    narrow = provenance.narrow
+    monkeypatch.setattr(provenance, "narrow", lambda record, *a, **k: record)
+    with recording() as whole:
+        _import_probes(tmp_path, monkeypatch)
+    monkeypatch.setattr(provenance, "narrow", narrow)
+    assert "dare/probe_other.py" in whole
+    assert provenance.narrow(whole) == rec and provenance.narrow(rec) == rec
+    src = pkg / "probe_other.py"
+    src.write_text(src.read_text().replace("SIZE = 3", "SIZE = 4"))  # changed since: stays whole, and stale
+    assert provenance.narrow(whole) == whole and "dare/probe_other.py" in Fingerprinter().changed(whole)

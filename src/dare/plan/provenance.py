@@ -7,7 +7,8 @@ config.json) and the code that ran. ``recording()`` traces one planning call int
   (a nested function, lambda or comprehension counts as part of the unit that holds it), fingerprinted by its syntax
   tree without docstrings, so comments, docstrings, formatting and moved lines do not count;
 - the *skeleton* of each module that had a unit run: the module without its function bodies (constants, class
-  attributes, dataclass fields, imports), which those functions read;
+  attributes, dataclass fields, imports), which those functions read; of a module that was only imported, the part
+  that can change what ran (``narrow``), so one method's edit leaves other methods' plans current;
 - every file under the dare package that was opened (a shipped config.json, an index), by its bytes;
 - torch's version (its kernels and meta functions are not traced; a plan is checked under the torch it was made by).
 
@@ -112,6 +113,7 @@ class ModuleFingerprints:
     """The units and the skeleton of one source file, parsed once."""
 
     def __init__(self, source: str):
+        self._source = source
         tree = ast.parse(source)
         self.units: dict[str, _Unit] = {}
         self._collect(tree.body, "")
@@ -145,6 +147,21 @@ class ModuleFingerprints:
         unit = self.units.get(qualname)
         return None if unit is None else _digest(unit.nodes)
 
+    def imported(self, watched: dict[str, frozenset]) -> str:
+        """The fingerprint of the module as a plan that only imported it reads it (see ``narrow``)."""
+        return _digest(_ImportedSkeleton(watched).visit(ast.parse(self._source)))
+
+    def attribute_names(self, qualname: str) -> set[str]:
+        """The names a unit looks up by string (``getattr(x, "name")``, ``hasattr``, ``setattr``)."""
+        out = set()
+        for node in self.units[qualname].nodes if qualname in self.units else []:
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and len(call.args) >= 2 \
+                        and call.func.id in ("getattr", "hasattr", "setattr", "delattr") \
+                        and isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, str):
+                    out.add(call.args[1].value)
+        return out
+
 
 class _Skeleton(ast.NodeTransformer):
     """The module without function bodies: a def keeps only its name (its unit fingerprints the rest)."""
@@ -155,10 +172,36 @@ class _Skeleton(ast.NodeTransformer):
     visit_AsyncFunctionDef = visit_FunctionDef
 
 
+class _ImportedSkeleton(ast.NodeTransformer):
+    """The module as a plan that ran none of its functions depends on it: its constants, class attributes, fields,
+    imports and class decorators (registrations) as in the skeleton, but of its defs only those that can change what
+    such a plan ran: a module-level def with decorators (a registration), a dunder (``__post_init__``, ``__call__``: run
+    implicitly) and a def whose name is watched in its scope (``watched``: class qualname, or "" for the module, ->
+    names; "?" -> names watched in every scope). A def kept keeps its name and decorators, never its body."""
+
+    def __init__(self, watched: dict[str, frozenset]):
+        self.watched, self.scope = watched, []
+
+    def visit_ClassDef(self, node):
+        self.scope.append(node.name)
+        self.generic_visit(node)
+        self.scope.pop()
+        return node
+
+    def visit_FunctionDef(self, node):
+        name, here = node.name, self.watched.get(".".join(self.scope), ())
+        keep = (name.startswith("__") and name.endswith("__")) or name in here or "*" in here \
+            or name in self.watched.get("?", ()) or (not self.scope and node.decorator_list)
+        return ast.Call(func=ast.Name(id="def " + name), args=list(node.decorator_list), keywords=[]) if keep else None
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
 # --- recording --------------------------------------------------------------------------------------------------
 # A record is flat, {key: fingerprint}, with one key syntax per kind of dependency:
 #   "dare/trainer/loop.py::Trainer.train_step"   a unit (function or method)
 #   "dare/trainer/loop.py"                       a module's skeleton
+#   "dare/rewards/x.py#imported:Cls=name,..."    what a plan reads of a module it only imported (``narrow``)
 #   "dare/plan/configs/x.json"                   a file the plan read (sha1 of its bytes)
 #   "version:torch"                              a package pinned by version (its version)
 
@@ -203,7 +246,7 @@ def recording() -> Iterator[dict]:
         sys.settrace(old)
         threading.settrace(old)
         active[0] = False
-        record.update(_fingerprints_of(codes.values(), opened, roots))
+        record.update(narrow(_fingerprints_of(codes.values(), opened, roots)))
 
 
 def _fingerprints_of(codes, opened: set, roots: dict) -> dict:
@@ -230,6 +273,117 @@ def _fingerprints_of(codes, opened: set, roots: dict) -> dict:
     return out
 
 
+# --- narrowing ---------------------------------------------------------------------------------------------------
+# A plan imports every module of dare (the registries import every method, family and reward) and runs the functions
+# of about half of them. A module none of whose functions ran can change the plan only through what its import did:
+# its constants, class attributes, fields and imports (read by code that ran), its registrations, an override of a
+# method that ran in an ancestor class, a dunder, or a name code that ran looked up by string. Its key is
+# "dare/x.py#imported:<scope>=<names>;..." (the watched names per class, "" the module, "?" every scope, "*" every
+# def of that class), fingerprinted by ``ModuleFingerprints.imported``, so a method's own edit (a helper added, an
+# override removed) leaves the plans of every other method current.
+
+IMPORTED = "#imported"
+_PLAIN_BASES = ("builtins", "abc", "typing", "enum", "dataclasses", "collections.abc")  # no method a plan runs
+
+
+def imported_key(rel: str, watched: dict[str, frozenset]) -> str:
+    spec = ";".join(f"{scope}={','.join(sorted(names))}" for scope, names in sorted(watched.items()) if names)
+    return f"{rel}{IMPORTED}" + (f":{spec}" if spec else "")
+
+
+def parse_imported_key(key: str) -> tuple[str, dict[str, frozenset]]:
+    rel, _, spec = key.partition(IMPORTED)
+    parts = (part.partition("=") for part in filter(None, spec[1:].split(";")))
+    return rel, {scope: frozenset(filter(None, names.split(","))) for scope, _, names in parts}
+
+
+class _Live:
+    """The modules of the traced packages as this process loaded them, by file (``dare/x.py``)."""
+
+    def __init__(self, roots: dict[str, Path]):
+        self.roots, self._by_rel = roots, None
+
+    def _rel(self, mod) -> Optional[str]:
+        path = getattr(mod, "__file__", None)
+        return _relative(path, self.roots) if isinstance(path, str) else None
+
+    def module(self, rel: str):
+        import importlib
+        if self._by_rel is None:
+            self._by_rel = {self._rel(m): m for m in list(sys.modules.values()) if self._rel(m) is not None}
+        if rel not in self._by_rel:
+            try:
+                mod = importlib.import_module(rel[:-3].replace("/", ".").removesuffix(".__init__"))
+            except Exception:  # not importable here: the module keeps its whole skeleton
+                mod = None
+            self._by_rel[rel] = mod if mod is not None and self._rel(mod) == rel else None
+        return self._by_rel[rel]
+
+    def rel_of(self, obj) -> Optional[str]:
+        return self._rel(sys.modules.get(getattr(obj, "__module__", None) or ""))
+
+
+def _watched(mod, owners: dict, lookups: set, live: _Live) -> dict[str, frozenset]:
+    """Per scope of an imported module, the def names that would change what a plan ran (``owners``: (file, class
+    qualname or "") -> names of the units of it that ran; ``lookups``: names code that ran looked up by string)."""
+    import inspect
+    watched, top = {"?": frozenset(lookups)}, set()
+    for name, value in vars(mod).items():  # a def here would shadow an imported function or class that ran
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ != mod.__name__:
+            rel, qual = live.rel_of(value), value.__qualname__
+            owner, _, short = qual.rpartition(".")
+            if short in owners.get((rel, owner), ()) or (inspect.isclass(value) and (rel, qual) in owners):
+                top.add(name)
+    watched[""] = frozenset(top)
+    stack, seen = [v for v in vars(mod).values() if inspect.isclass(v) and v.__module__ == mod.__name__], set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen or "<locals>" in cls.__qualname__:
+            continue
+        seen.add(cls)
+        stack.extend(v for v in vars(cls).values() if inspect.isclass(v) and v.__module__ == mod.__name__)
+        names: set = set()
+        for base in cls.__mro__[1:]:
+            if base.__module__ in _PLAIN_BASES:
+                continue
+            rel = live.rel_of(base)
+            if rel is None:  # an untraced package's class (torch's Module): its methods that ran are not known
+                names = {"*"}
+                break
+            names |= owners.get((rel, base.__qualname__), set())
+        watched[cls.__qualname__] = frozenset(names)
+    return watched
+
+
+def narrow(record: dict, fp: Optional["Fingerprinter"] = None) -> dict:
+    """``record`` with the whole skeleton of each dare module none of whose functions ran replaced by what such a plan
+    reads of it (see above). Only a skeleton that is current is narrowed (a stored record is narrowed exactly: its
+    module is as it was when the plan was made); narrowing a narrowed record changes nothing."""
+    fp = fp or Fingerprinter()
+    live = fp.live
+    owners: dict[tuple, set] = {}
+    lookups: set = set()
+    for key in record:
+        if "::" in key:
+            rel, qual = key.split("::", 1)
+            owner, _, name = qual.rpartition(".")
+            owners.setdefault((rel, owner), set()).add(name)
+            module = fp._module(rel) if rel.startswith("dare/") else None
+            if module is not None:
+                lookups |= module.attribute_names(qual)
+    ran = {rel for rel, _ in owners}
+    out = {}
+    for key, digest in record.items():
+        if key.startswith("dare/") and key.endswith(".py") and key not in ran and fp.now(key) == digest:
+            mod = live.module(key)
+            if mod is not None:
+                new = imported_key(key, _watched(mod, owners, lookups, live))
+                out[new] = fp.now(new)
+                continue
+        out[key] = digest
+    return out
+
+
 # --- checking ---------------------------------------------------------------------------------------------------
 
 
@@ -238,6 +392,7 @@ class Fingerprinter:
 
     def __init__(self):
         self.roots = _package_roots()
+        self.live = _Live(self.roots)
         self._modules: dict[str, Optional[ModuleFingerprints]] = {}
         self._now: dict[str, Optional[str]] = {}
 
@@ -254,6 +409,10 @@ class Fingerprinter:
         if key not in self._now:
             if key.startswith("version:"):
                 value = _version(key[8:])
+            elif IMPORTED in key:
+                rel, watched = parse_imported_key(key)
+                fp = self._module(rel)
+                value = fp.imported(watched) if fp is not None else None
             elif "::" in key:
                 rel, qualname = key.split("::", 1)
                 fp = self._module(rel)
@@ -284,6 +443,9 @@ class Fingerprinter:
                 out[key] = f"{key} is gone"
             elif "::" not in key and key.endswith(".py"):
                 out[key] = f"{key}: its module-level code (constants, class attributes, imports) changed"
+            elif IMPORTED in key:
+                out[key] = (f"{key.partition(IMPORTED)[0]}: what a plan that only imported it reads (constants, class "
+                            "attributes, imports, registrations, overrides of what ran) changed")
             else:
                 out[key] = f"{key} changed"
         return out
