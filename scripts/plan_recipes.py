@@ -22,7 +22,7 @@ import glob
 import hashlib
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,11 +241,15 @@ def main(argv=None) -> int:
     # (scripts/generate.py) list the recipes at their current settings, also when this run is stopped halfway
     cache["steps"] = {rel: load_recipe(ROOT / rel).train.steps for rel in recipes}  # each recipe's own run length
     mine, records = {}, {}
-    # Each plan in a fresh process (spawned, one task each): see plan_one.
+    # Each plan in a fresh process (spawned, one task each): see plan_one. Saved as each one finishes, so a run stopped
+    # halfway keeps every plan it finished (a long re-plan can go on in another run: it plans only what is left).
     import multiprocessing
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
-        for key, (result, record) in zip(todo, pool.map(plan_one, todo.values())):
+        futures = {pool.submit(plan_one, rel): key for key, rel in todo.items()}
+        for future in as_completed(futures):
+            key = futures[future]
+            (result, record) = future.result()
             mine[key], records[key] = result, record
             print(f"  {todo[key]}: {gib(result['peak_bytes'])} GiB ({result['peak_phase']}), "
                   f"{'fits' if result['fits'] else 'DOES NOT FIT' if not result['error'] else result['error']}", flush=True)

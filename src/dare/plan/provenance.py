@@ -359,20 +359,17 @@ def narrow(record: dict, fp: Optional["Fingerprinter"] = None) -> dict:
     """``record`` with the whole skeleton of each dare module none of whose functions ran replaced by what such a plan
     reads of it (see above). Only a skeleton that is current is narrowed (a stored record is narrowed exactly: its
     module is as it was when the plan was made); narrowing a narrowed record changes nothing."""
-    fp = fp or Fingerprinter()
-    live = fp.live
-    owners: dict[tuple, set] = {}
-    lookups: set = set()
-    for key in record:
-        if "::" in key:
-            rel, qual = key.split("::", 1)
-            owner, _, name = qual.rpartition(".")
-            owners.setdefault((rel, owner), set()).add(name)
-            module = fp._module(rel) if rel.startswith("dare/") else None
-            if module is not None:
-                lookups |= module.attribute_names(qual)
-    ran = {rel for rel, _ in owners}
-    out = {}
+    units = [key.split("::", 1) for key in record if "::" in key]
+    ran = {rel for rel, _ in units}
+    if not any(key.startswith("dare/") and key.endswith(".py") and key not in ran for key in record):
+        return dict(record)  # nothing to narrow (a record made since narrowing was added)
+    fp, owners, lookups = fp or Fingerprinter(), {}, set()
+    for rel, qual in units:
+        owner, _, name = qual.rpartition(".")
+        owners.setdefault((rel, owner), set()).add(name)
+        module = fp._module(rel) if rel.startswith("dare/") else None
+        lookups |= module.attribute_names(qual) if module is not None else set()
+    out, live = {}, fp.live
     for key, digest in record.items():
         if key.startswith("dare/") and key.endswith(".py") and key not in ran and fp.now(key) == digest:
             mod = live.module(key)
