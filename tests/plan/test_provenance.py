@@ -113,6 +113,16 @@ def test_recording_names_what_ran_and_what_was_read_and_a_change_is_seen(tmp_pat
     assert "dare/probe_mod.py::read_config is gone" in Fingerprinter().changed(stored).values()
 
 
+def test_a_function_run_in_a_thread_started_while_recording_is_recorded(tmp_path, monkeypatch):
+    import threading
+    mod, _ = _traced_module(tmp_path, monkeypatch, SOURCE)
+    with recording() as rec:
+        worker = threading.Thread(target=mod.helper, args=(2,))
+        worker.start()
+        worker.join()
+    assert "dare/probe_mod.py::helper" in rec and "dare/probe_mod.py::Shape.area" not in rec
+
+
 def test_a_plan_made_under_another_torch_is_not_current():
     here = provenance._version("torch")
     assert Fingerprinter().changed({"version:torch": "0.0.1"}) == {
