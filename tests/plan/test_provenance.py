@@ -229,8 +229,10 @@ def test_a_module_only_imported_is_narrowed_and_names_what_it_watches(tmp_path, 
     (other,) = [k for k in rec if k.startswith("dare/probe_other.py")]
     rel, watched = provenance.parse_imported_key(other)
     assert rel == "dare/probe_other.py" and provenance.imported_key(rel, watched) == other
-    # the names that ran where a def here would shadow them: Base's methods, the imports, a name looked up by string
-    assert watched == {"": {"Base", "register"}, "?": {"looked_up"}, "Other": {"run", "hook"}, "Encoder": {"*"}}
+    # where a def here would change what ran: over Base's methods that ran and the class's attributes, over the names
+    # the module imported or defines, over a name looked up by string; every def of a class with another package's base
+    assert watched == {"": {"Base", "register", "Other", "Encoder"}, "?": {"looked_up"},
+                       "Other": {"run", "hook", "kind"}, "Encoder": {"*"}}
     assert Fingerprinter().changed(rec) == {}
 
 
@@ -242,6 +244,7 @@ def test_a_module_only_imported_is_narrowed_and_names_what_it_watches(tmp_path, 
     (lambda s: s.replace("def _private", "def run"), True),  # a new override of a method that ran
     (lambda s: s.replace("def _private", "def looked_up"), True),  # a name code that ran looks up by string
     (lambda s: s.replace("def _private", "def __post_init__"), True),  # run implicitly
+    (lambda s: s.replace("def _private", "def kind"), True),  # overrides a class attribute
     (lambda s: s.replace("SIZE = 3", "SIZE = 4"), True),
     (lambda s: s.replace('kind = "other"', 'kind = "box"'), True),
     (lambda s: s.replace('"square"', '"cube"'), True),  # a registration

@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
+from .imported import IMPORTED, ImportedSkeleton, Live, imported_key, parse_imported_key  # noqa: F401
+from .imported import narrow as _narrow
+
 TRACED_PACKAGES = ("dare", "transformers")
-SELF = "dare/plan/provenance.py"  # the recorder is not what a plan depends on
+SELF = ("dare/plan/provenance.py", "dare/plan/imported.py")  # the recorder is not what a plan depends on
 
 
 def _package_roots() -> dict[str, Path]:
@@ -148,7 +151,7 @@ class ModuleFingerprints:
 
     def imported(self, watched: dict[str, frozenset]) -> str:
         """The fingerprint of the module as a plan that only imported it reads it (see ``narrow``)."""
-        return _digest(_ImportedSkeleton(watched).visit(ast.parse(self._source)))
+        return _digest(ImportedSkeleton(watched).visit(ast.parse(self._source)))
 
     def attribute_names(self, qualname: str) -> set[str]:
         """The names a unit looks up by string (``getattr(x, "name")``, ``hasattr``, ``setattr``)."""
@@ -167,31 +170,6 @@ class _Skeleton(ast.NodeTransformer):
 
     def visit_FunctionDef(self, node):
         return ast.Name(id="def " + node.name)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-
-class _ImportedSkeleton(ast.NodeTransformer):
-    """The module as a plan that ran none of its functions depends on it: its constants, class attributes, fields,
-    imports and class decorators (registrations) as in the skeleton, but of its defs only those that can change what
-    such a plan ran: a module-level def with decorators (a registration), a dunder (``__post_init__``, ``__call__``: run
-    implicitly) and a def whose name is watched in its scope (``watched``: class qualname, or "" for the module, ->
-    names; "?" -> names watched in every scope). A def kept keeps its name and decorators, never its body."""
-
-    def __init__(self, watched: dict[str, frozenset]):
-        self.watched, self.scope = watched, []
-
-    def visit_ClassDef(self, node):
-        self.scope.append(node.name)
-        self.generic_visit(node)
-        self.scope.pop()
-        return node
-
-    def visit_FunctionDef(self, node):
-        name, here = node.name, self.watched.get(".".join(self.scope), ())
-        keep = (name.startswith("__") and name.endswith("__")) or name in here or "*" in here \
-            or name in self.watched.get("?", ()) or (not self.scope and node.decorator_list)
-        return ast.Call(func=ast.Name(id="def " + name), args=list(node.decorator_list), keywords=[]) if keep else None
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -240,16 +218,24 @@ def recording() -> Iterator[dict]:
     # call: a plan took 2.8x its time under it, 1.5x under this, with the same record); threads started meanwhile: the
     # trace function.
     import cProfile
-    profiler, old = cProfile.Profile(subcalls=False, builtins=False), threading.gettrace()
+    profiler, old, old_profile = cProfile.Profile(subcalls=False, builtins=False), threading.gettrace(), sys.getprofile()
     threading.settrace(tracer)
-    profiler.enable()
+    try:
+        profiler.enable()
+    except ValueError:  # another profiler is active (Python 3.12+ refuses a second): the trace function then
+        profiler, old_trace = None, sys.gettrace()
+        sys.settrace(tracer)
     try:
         yield record
     finally:
-        profiler.disable()
+        if profiler is not None:
+            profiler.disable()
+            sys.setprofile(old_profile)  # the profile hook it replaced (Python 3.11 takes it over)
+            codes.update({id(e.code): e.code for e in profiler.getstats() if not isinstance(e.code, str)})
+        else:
+            sys.settrace(old_trace)
         threading.settrace(old)
         active[0] = False
-        codes.update({id(e.code): e.code for e in profiler.getstats() if not isinstance(e.code, str)})
         record.update(narrow(_fingerprints_of(codes.values(), opened, roots)))
 
 
@@ -258,7 +244,7 @@ def _fingerprints_of(codes, opened: set, roots: dict) -> dict:
     by_file: dict[str, list] = {}
     for code in codes:
         rel = _relative(code.co_filename, roots)
-        if rel is not None and rel.endswith(".py") and rel != SELF:
+        if rel is not None and rel.endswith(".py") and rel not in SELF:
             by_file.setdefault(rel, []).append(code)
     for package in {rel.split("/")[0] for rel in by_file} - {"dare"}:
         out[f"version:{package}"] = _version(package)  # its units are compared only under another version
@@ -277,110 +263,10 @@ def _fingerprints_of(codes, opened: set, roots: dict) -> dict:
     return out
 
 
-# --- narrowing ---------------------------------------------------------------------------------------------------
-# A plan imports every module of dare (the registries import every method, family and reward) and runs functions of
-# about half. A module none of whose functions ran can change the plan only through what its import did: constants,
-# class attributes, fields and imports (read by code that ran), registrations, a dunder, an override of a method that
-# ran in an ancestor class, or a name code that ran looked up by string. Its key, "dare/x.py#imported:<scope>=<names>;
-# ..." (watched names per class, "" the module, "?" every scope, "*" every def of the class), is fingerprinted by
-# ``ModuleFingerprints.imported``: a method's own edit (a helper added, an override removed) stales no other's plans.
-IMPORTED = "#imported"
-_PLAIN_BASES = ("builtins", "abc", "typing", "enum", "dataclasses", "collections.abc")  # no method a plan runs
-
-
-def imported_key(rel: str, watched: dict[str, frozenset]) -> str:
-    spec = ";".join(f"{scope}={','.join(sorted(names))}" for scope, names in sorted(watched.items()) if names)
-    return f"{rel}{IMPORTED}" + (f":{spec}" if spec else "")
-
-
-def parse_imported_key(key: str) -> tuple[str, dict[str, frozenset]]:
-    rel, _, spec = key.partition(IMPORTED)
-    parts = (part.partition("=") for part in filter(None, spec[1:].split(";")))
-    return rel, {scope: frozenset(filter(None, names.split(","))) for scope, _, names in parts}
-
-
-class _Live:
-    """The modules of the traced packages as this process loaded them, by file (``dare/x.py``)."""
-
-    def __init__(self, roots: dict[str, Path]):
-        self.roots, self._by_rel = roots, None
-
-    def _rel(self, mod) -> Optional[str]:
-        path = getattr(mod, "__file__", None)
-        return _relative(path, self.roots) if isinstance(path, str) else None
-
-    def module(self, rel: str):
-        import importlib
-        if self._by_rel is None:
-            self._by_rel = {self._rel(m): m for m in list(sys.modules.values()) if self._rel(m) is not None}
-        if rel not in self._by_rel:
-            try:
-                mod = importlib.import_module(rel[:-3].replace("/", ".").removesuffix(".__init__"))
-            except Exception:  # not importable here: the module keeps its whole skeleton
-                mod = None
-            self._by_rel[rel] = mod if mod is not None and self._rel(mod) == rel else None
-        return self._by_rel[rel]
-
-    def rel_of(self, obj) -> Optional[str]:
-        return self._rel(sys.modules.get(getattr(obj, "__module__", None) or ""))
-
-
-def _watched(mod, owners: dict, lookups: set, live: _Live) -> dict[str, frozenset]:
-    """Per scope of an imported module, the def names that would change what a plan ran (``owners``: (file, class
-    qualname or "") -> names of the units of it that ran; ``lookups``: names code that ran looked up by string)."""
-    import inspect
-    watched, top = {"?": frozenset(lookups)}, set()
-    for name, value in vars(mod).items():  # a def here would shadow an imported function or class that ran
-        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ != mod.__name__:
-            rel, qual = live.rel_of(value), value.__qualname__
-            owner, _, short = qual.rpartition(".")
-            if short in owners.get((rel, owner), ()) or (inspect.isclass(value) and (rel, qual) in owners):
-                top.add(name)
-    watched[""] = frozenset(top)
-    stack, seen = [v for v in vars(mod).values() if inspect.isclass(v) and v.__module__ == mod.__name__], set()
-    while stack:
-        cls = stack.pop()
-        if cls in seen or "<locals>" in cls.__qualname__:
-            continue
-        seen.add(cls)
-        stack.extend(v for v in vars(cls).values() if inspect.isclass(v) and v.__module__ == mod.__name__)
-        names: set = set()
-        for base in cls.__mro__[1:]:
-            if base.__module__ in _PLAIN_BASES:
-                continue
-            rel = live.rel_of(base)
-            if rel is None:  # an untraced package's class (torch's Module): its methods that ran are not known
-                names = {"*"}
-                break
-            names |= owners.get((rel, base.__qualname__), set())
-        watched[cls.__qualname__] = frozenset(names)
-    return watched
-
-
 def narrow(record: dict, fp: Optional["Fingerprinter"] = None) -> dict:
-    """``record`` with the whole skeleton of each dare module none of whose functions ran replaced by what such a plan
-    reads of it (see above). Only a skeleton that is current is narrowed (a stored record is narrowed exactly: its
-    module is as it was when the plan was made); narrowing a narrowed record changes nothing."""
-    units = [key.split("::", 1) for key in record if "::" in key]
-    ran = {rel for rel, _ in units}
-    if not any(key.startswith("dare/") and key.endswith(".py") and key not in ran for key in record):
-        return dict(record)  # nothing to narrow (a record made since narrowing was added)
-    fp, owners, lookups = fp or Fingerprinter(), {}, set()
-    for rel, qual in units:
-        owner, _, name = qual.rpartition(".")
-        owners.setdefault((rel, owner), set()).add(name)
-        module = fp._module(rel) if rel.startswith("dare/") else None
-        lookups |= module.attribute_names(qual) if module is not None else set()
-    out, live = {}, fp.live
-    for key, digest in record.items():
-        if key.startswith("dare/") and key.endswith(".py") and key not in ran and fp.now(key) == digest:
-            mod = live.module(key)
-            if mod is not None:
-                new = imported_key(key, _watched(mod, owners, lookups, live))
-                out[new] = fp.now(new)
-                continue
-        out[key] = digest
-    return out
+    """``record`` with each module the plan only imported narrowed to what can change what ran
+    (``dare.plan.imported``)."""
+    return _narrow(record, fp or Fingerprinter())
 
 
 # --- checking ---------------------------------------------------------------------------------------------------
@@ -391,7 +277,7 @@ class Fingerprinter:
 
     def __init__(self):
         self.roots = _package_roots()
-        self.live = _Live(self.roots)
+        self.live = Live(self.roots, _relative)
         self._modules: dict[str, Optional[ModuleFingerprints]] = {}
         self._now: dict[str, Optional[str]] = {}
 
