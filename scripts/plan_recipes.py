@@ -247,13 +247,22 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
         futures = {pool.submit(plan_one, rel): key for key, rel in todo.items()}
-        for future in as_completed(futures):
-            key = futures[future]
-            (result, record) = future.result()
-            mine[key], records[key] = result, record
-            print(f"  {todo[key]}: {gib(result['peak_bytes'])} GiB ({result['peak_phase']}), "
-                  f"{'fits' if result['fits'] else 'DOES NOT FIT' if not result['error'] else result['error']}", flush=True)
-            save(cache, mine, records)
+        try:
+            for future in as_completed(futures):
+                key = futures[future]
+                try:
+                    result, record = future.result()
+                except Exception as err:  # one plan's crash (its process died) is reported; the others go on
+                    print(f"  {todo[key]}: FAILED TO PLAN ({type(err).__name__}: {err})", flush=True)
+                    continue
+                mine[key], records[key] = result, record
+                print(f"  {todo[key]}: {gib(result['peak_bytes'])} GiB ({result['peak_phase']}), "
+                      f"{'fits' if result['fits'] else 'DOES NOT FIT' if not result['error'] else result['error']}",
+                      flush=True)
+                save(cache, mine, records)
+        except BaseException:  # Ctrl-C: the plans not started are dropped (the finished ones are saved)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     save(cache, mine, records, keep=set(keys.values()))  # plans of steps no recipe has any more (a recipe was edited) go
     for path, text in rendered(json.loads(OUT_JSON.read_text())).items():
         path.write_text(text)
