@@ -75,7 +75,7 @@ class Live:
     def module(self, rel: str):
         import importlib
         if self._by_rel is None:
-            self._by_rel = {self.rel(m): m for m in list(sys.modules.values()) if self.rel(m) is not None}
+            self._by_rel = {found: m for m in list(sys.modules.values()) if (found := self.rel(m)) is not None}
         if rel not in self._by_rel:
             try:
                 mod = importlib.import_module(rel[:-3].replace("/", ".").removesuffix(".__init__"))
