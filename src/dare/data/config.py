@@ -13,6 +13,9 @@ class DataConfig:
     path: Optional[str] = None
     hf: Optional[str] = None
     hf_config: Optional[str] = None  # the HF dataset's config name (e.g. "main" for openai/gsm8k)
+    # Or a function of yours that returns the rows (dicts in any layout below): module:function or
+    # path/to/file.py:function (relative to the working directory), called with the split name (docs/data.md, "Your own loader").
+    loader: Optional[str] = None
     split: str = "train"
     # name: "auto" reads the bundled copy when there is one, else the dataset's Hugging Face id; "hf" forces the Hub.
     source: Literal["auto", "bundled", "hf"] = "auto"
@@ -31,11 +34,15 @@ class DataConfig:
     mix: list["DataConfig"] = field(default_factory=list)
 
     def __post_init__(self):
-        given = [k for k in ("name", "path", "hf") if getattr(self, k)]
+        given = [k for k in ("name", "path", "hf", "loader") if getattr(self, k)]
         if self.mix and given:
-            raise ValueError(f"data: set either mix (a list of sources) or one of name, path, hf (got mix and {', '.join(given)})")
+            raise ValueError(f"data: set either mix (a list of sources) or one of name, path, hf, loader (got mix and "
+                             f"{', '.join(given)})")
         if not self.mix and len(given) != 1:
-            raise ValueError(f"data: set exactly one of name, path, hf or mix (got {', '.join(given) or 'none'})")
+            raise ValueError(f"data: set exactly one of name, path, hf, loader or mix (got {', '.join(given) or 'none'})")
+        if self.loader:
+            from ..config.references import load_reference
+            load_reference(self.loader, "data.loader")  # the file or module and its function exist
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"data.limit must be >= 0, got {self.limit}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
@@ -45,4 +52,4 @@ class DataConfig:
         """Where the examples come from, for messages."""
         if self.mix:
             return "mix(" + ", ".join(m.describe() for m in self.mix) + ")"
-        return str(self.path or self.hf or self.name)
+        return str(self.path or self.hf or self.loader or self.name)

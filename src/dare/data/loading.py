@@ -30,6 +30,28 @@ def _hf_records(hf_id: str, config: Optional[str], split: str) -> Iterator[Recor
 _NO_FIXES = {"bad": {}, "setup": {}}
 
 
+def _loader_records(ref: str, split: str) -> Iterator[Record]:
+    """The rows a user's loader function returns (``data.loader``), called with the split name when it takes an
+    argument: each row a dict, in any layout ``format`` reads."""
+    import inspect
+
+    from ..config.references import load_reference
+    fn = load_reference(ref, "data.loader")
+    try:
+        takes_split = bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or C function: give it the split
+        takes_split = True
+    rows = fn(split) if takes_split else fn()
+    if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+        raise DataError(f"data.loader {ref!r} returned a {type(rows).__name__}; it must return (or yield) the rows, "
+                        "each a dict")
+    source = f"loader:{ref}[{split}]"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where(source, i, None)}: data.loader rows must be dicts, got {type(row).__name__}")
+        yield Record(source, i, None, dict(row))
+
+
 def _resolve(cfg: DataConfig, policy: BadRowPolicy):
     """(records, layout name, id prefix, dataset short name, default task, fixes) for the configured source; ``fixes``
     holds the bundled file's known-bad rows and restored test setup code (``DatasetSpec``)."""
@@ -37,6 +59,9 @@ def _resolve(cfg: DataConfig, policy: BadRowPolicy):
         path = Path(cfg.path).expanduser()
         stem = path.name.split(".")[0]
         return read_records(path, policy.handle), cfg.format, stem, stem, None, _NO_FIXES
+    if cfg.loader:
+        stem = cfg.loader.split(":")[-1]
+        return _loader_records(cfg.loader, cfg.split), cfg.format, f"{stem}/{cfg.split}", stem, None, _NO_FIXES
     if cfg.hf:
         split = cfg.split
         return _hf_records(cfg.hf, cfg.hf_config, split), cfg.format, f"{cfg.hf}/{split}", cfg.hf.split("/")[-1], None, _NO_FIXES

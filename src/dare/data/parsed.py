@@ -30,7 +30,7 @@ def source_file(cfg) -> Optional[Path]:
     if cfg.path:
         from .readers import resolve_data_path
         return resolve_data_path(cfg.path)
-    if cfg.hf:
+    if cfg.hf or cfg.loader:  # the hub, or a user's function: nothing on disk says when its rows change
         return None
     from .registry import get_dataset
     try:

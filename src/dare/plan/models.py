@@ -46,7 +46,7 @@ def model_config(model_cfg) -> tuple[dict, Optional[int], str]:
     """(config dict, mask token id or None, where it came from) for a recipe's ``model`` section."""
     path = model_cfg.path
     if is_tiny(path):
-        cfg, mask_id = tiny_config(tiny_family(path), tiny_tokenizer(), **model_cfg.tiny_sizes)
+        cfg, mask_id = tiny_config(tiny_family(path), tiny_tokenizer(), **(model_cfg.tiny_sizes or {}))
         return cfg, mask_id, f"tiny config of {path}"
     folder = Path(path).expanduser()
     if folder.is_dir():

@@ -71,10 +71,18 @@ def _qualified(fn: Callable) -> str:
 
 
 def get_reward(name: str) -> RewardFn:
-    """The registered reward ``name``; an unknown name is an error listing the known ones."""
+    """The registered reward ``name``, or the user's function a reference names (``my_rewards:score``,
+    ``./my_rewards.py:score``: ``dare.config.references``); an unknown name is an error listing the known ones."""
     try:
         return REWARDS[name]
     except KeyError:
+        from ..config.references import Referenced, is_reference, load_reference
+        if is_reference(name):
+            load_reference(name, "reward")  # a one-line error now, not one per scored completion
+            fn = Referenced(name)
+            fn.runs_in_subprocess = False  # type: ignore[attr-defined]
+            fn.reward_name = name  # type: ignore[attr-defined]
+            return fn  # not registered: a relative reference names another file from another folder
         known = ", ".join(sorted(REWARDS)) or "(none registered)"
         raise KeyError(f"unknown reward {name!r}; registered rewards: {known}") from None
 
@@ -89,13 +97,22 @@ def check_reward_spec(spec: RewardSpec, where: str = "reward") -> None:
     names = sorted(REWARDS) + [AUTO]
     items = spec.items() if isinstance(spec, Mapping) else [(spec, 1.0)]
     for name, weight in items:
-        if isinstance(name, str) and name not in names:
+        if isinstance(name, str) and name not in names and _is_reference(name):
+            from ..config.references import load_reference
+            load_reference(name, where)  # the user's file or module, and the function in it, exist
+        elif isinstance(name, str) and name not in names:
             import difflib
             close = difflib.get_close_matches(name, names, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{where}: unknown reward {name!r}.{hint} Registered: {', '.join(names)}")
+            raise ValueError(f"{where}: unknown reward {name!r}.{hint} Registered: {', '.join(names)}; or a "
+                             "function of yours: module:function or path/to/file.py:function")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"{where}: the weight of {name!r} must be a finite number, got {weight!r}")
+
+
+def _is_reference(name: str) -> bool:
+    from ..config.references import is_reference
+    return is_reference(name)
 
 
 def reward_for_task(task: str) -> str:

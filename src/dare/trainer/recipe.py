@@ -29,7 +29,8 @@ class ModelSection:
     mask_token_id: Optional[int] = None
     tokenizer: Optional[str] = None  # default: the model folder; "tiny": the character tokenizer
     gradient_checkpointing: bool = False
-    tiny_sizes: dict[str, int] = field(default_factory=dict)  # size overrides for tiny:<family>
+    # Size overrides for tiny:<family> (ignored, with a warning, for a checkpoint path; null or {} = none).
+    tiny_sizes: Optional[dict[str, int]] = field(default_factory=dict)
     tiny_seed: int = 0
 
 
