@@ -61,3 +61,16 @@ def learning_families(algorithm: str) -> list[str]:
     from dare.algorithms.matrix import families_of
     load_builtin_algorithms()
     return [families_of((kind,))[0] for kind in get_algorithm(algorithm).supports if families_of((kind,))]
+
+
+def plain_services(**fields):
+    """``ctx.services`` as a one-process trainer lends them for hooks that decode (``generate`` with no weights to
+    gather), with ``fields`` (the sampler, the reward) set by the test."""
+    import contextlib
+
+    from dare.algorithms import Services
+    from dare.rollout import generate
+
+    def decode(model, prompt_tokens, sampler, n, seeds, attention_mask=None):
+        return generate(model, prompt_tokens, sampler, n=n, seeds=seeds, attention_mask=attention_mask)
+    return Services(generate=decode, gathered=lambda model: contextlib.nullcontext(), **fields)

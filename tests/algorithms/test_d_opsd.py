@@ -2,7 +2,6 @@
 supervised positions, the clipped divergence, the correctness gate, pass@k, the teacher pass in the loop's stage, and
 learning on the toy reward (integration tier)."""
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from dare.algorithms.losses import topk_divergence
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
 from dare.trainer.reference import CopyReference
-from tests.algorithms.helpers import learning_families
+from tests.algorithms.helpers import learning_families, plain_services
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch, setup
 
@@ -290,9 +289,8 @@ def test_pass_at_k_retries_failures_keeps_the_first_correct_and_leaves_others_un
             seen.append(i)
             out.append(script[i].pop(0))
         return torch.tensor(out)
-    stage = SimpleNamespace(recipe=SimpleNamespace(rollout=SimpleNamespace(sampler=SAMPLER)), tokenizer=_Tok(),
-                            score=score)
-    tries = retry_until_correct(algo.config, stage, ctx, model, batch)
+    ctx.services = _services(ctx, score)
+    tries = retry_until_correct(algo.config, ctx, model, batch)
     assert tries.tolist() == [1, 3, 4, 2]  # row 0 correct at once; row 2 uses all 4 tries
     assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 1.0]
     assert torch.equal(batch.completion_ids[0], before[0])  # a correct first try is kept as it is
@@ -305,15 +303,19 @@ class _Tok:
         return "".join(chr(97 + (t % 26)) for t in ids)
 
 
+def _services(ctx, score):
+    """The services pass@k asks of the trainer: its sampler, tokenizer, reward ``score`` and a plain decode."""
+    return plain_services(rollout_sampler=SAMPLER, tokenizer=_Tok(), score_texts=score)
+
+
 def test_pass_at_k_is_reproducible_from_the_seed():
     outs = []
     for _ in range(2):
         model, algo, ctx = setup(DOPSDConfig(passk=3, correct_reward=1.0), "llada", hidden_size=32)
         batch, _ = rollout_batch(model, SAMPLER, n=2, rewards=torch.zeros(4))
         batch.examples, batch.completions = [{} for _ in range(4)], [""] * 4
-        stage = SimpleNamespace(recipe=SimpleNamespace(rollout=SimpleNamespace(sampler=SAMPLER)), tokenizer=_Tok(),
-                                score=lambda texts, ex: torch.zeros(len(texts)))
-        retry_until_correct(algo.config, stage, ctx, model, batch)
+        ctx.services = _services(ctx, lambda texts, ex: torch.zeros(len(texts)))
+        retry_until_correct(algo.config, ctx, model, batch)
         outs.append(batch.completion_ids.clone())
     assert torch.equal(*outs)
 

@@ -131,7 +131,7 @@ def test_an_all_wrong_group_gets_hinted_rollouts_and_non_zero_advantages(tmp_pat
         prompts = tr.source.batch(0)
         first, _ = tr.rollout.collect(ctx, prompts, tr.model)  # the first round alone (same seeds)
         assert bool((first.rewards < 0.5).all())  # every group is all wrong
-        batch, metrics = tr.algo.collect(tr.rollout, ctx, prompts, tr.model)
+        batch, metrics = tr.algo.collect(ctx, prompts, tr.model)
         assert metrics["igpo_all_wrong_groups"] == 2 and metrics["igpo_hinted_groups"] == 2
         assert metrics["igpo_replaced"] == 4 and metrics["nfe"] > 0
         hint = batch.state.hint
@@ -162,7 +162,7 @@ def test_score_hints_scores_the_hints_and_keeps_the_high_entropy_fifth(tmp_path)
     tr = _trainer(tmp_path, "llada", "algorithm.score_hints=true", "algorithm.hint_entropy_keep=0.5")
     try:
         ctx = tr.step_context(0)
-        batch, _ = tr.algo.collect(tr.rollout, ctx, tr.source.batch(0), tr.model)
+        batch, _ = tr.algo.collect(ctx, tr.source.batch(0), tr.model)
         st = batch.state
         n_hint = (st.hint & batch.completion_mask).sum(1)  # hints after the completion's stop are not candidates
         assert bool((st.scored_hint <= st.hint).all())

@@ -8,7 +8,7 @@ from dare.algorithms.advantages import group_zscore_unbiased
 from dare.algorithms.mdpo import MDPOConfig, step_advantages_raw, top_steps
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
-from tests.algorithms.helpers import corrupt, supported_families
+from tests.algorithms.helpers import corrupt, plain_services, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
 from tests.trainer.two_processes import register, trajectory_case
 
@@ -231,7 +231,7 @@ def test_icfw_selects_the_prompts_whose_rollout_backslides():
         calls.append(len(examples))
         return _stop_cut_parity(ids, set(stops))
 
-    ctx.services.rollout_sampler, ctx.services.score_ids = sampler, score_ids
+    ctx.services = plain_services(rollout_sampler=sampler, score_ids=score_ids)
     from dare.data.prompts import PromptedExample
     from dare.models import tiny_tokenizer
     tok = tiny_tokenizer()

@@ -38,10 +38,13 @@ positions, K likelihood slots (usually Lc; 1 for a sequence-level estimate).
 * ``backward(ctx, model, batch, iteration, loss_scale) -> metrics`` -- the update's autograd for one micro-batch.
   The default builds one graph (``log_likelihood`` -> ``loss`` -> ``backward``); methods that need one graph per
   view use ``dare.algorithms.common.scoring.backward_each_view``.
-* ``check_rollout(sampler, adapter)`` / ``collect(stage, ctx, prompts, model)`` -- RL only: a start-up check of the
+* ``check_rollout(sampler, adapter)`` / ``collect(ctx, prompts, model)`` -- RL only: a start-up check of the
   recipe's sampler, and stages (1)-(2) for a method whose rollout is not G independent completions per prompt
   (d-TreeRPO's trees).
 * ``curates_prompts`` / ``select_prompts(ctx, model, prompts, uids) -> list[int]`` -- data curation (MDPO's ICFW).
+
+Hooks ask the trainer for everything else (decoding, rewards, collectives, the data source) through
+``ctx.services`` (``Services``), which the trainer and the planner both implement.
 
 Algorithm configs are dataclasses registered with their algorithm; the recipe's ``algorithm:`` section picks the
 dataclass from ``algorithm.name`` (so method-specific keys are validated).
@@ -62,15 +65,55 @@ from .common.scoring import score_views
 from .registry import ALGORITHMS, get_algorithm
 
 
+def _sums_here(values: dict) -> dict:
+    return dict(values)
+
+
 @dataclass
 class Services:
-    """What the trainer lends the hooks (``ctx.services``); None where this run has no such thing."""
+    """Everything a method may ask of the trainer: ``ctx.services``. A hook uses nothing else of the trainer (no
+    ``dare.rollout`` decoding of its own, no trainer object: tests/algorithms/test_services.py holds it), so the
+    training loop and the planner (``dare.plan``, whose rollout stage decodes on fake tensors) serve the same hooks.
+    The RL trainer fills every field (``dare.trainer.rl.RolloutStage.services``); None where a run has no such thing
+    (SFT and DPO have no sampler and no reward).
+
+    Decoding (RL): ``collect(ctx, prompts, model, sampler=None) -> (RLBatch, metrics)`` the default stages (1)-(2),
+    ``group_size`` completions per prompt scored by the recipe's reward; ``decode(prompts, seeds, model, sampler,
+    hints=None) -> Rollout`` stage (1) alone (the ranks of a sequence-parallel group share the prompts; ``hints``
+    inpainting tokens); ``decode_tree(prompt_tokens, seeds, model, sampler, branching, cut_steps)`` a tree rollout
+    (d-TreeRPO); ``generate(model, prompt_tokens, sampler, n, seeds, attention_mask=None)`` one decode on this rank
+    alone, inside ``gathered(model)`` (the weights gathered once, however many decodes follow: every rank must enter
+    it); ``prompt_seeds(ctx, prompts)`` the keyed rollout seed of every prompt.
+
+    Rewards: ``score_texts(texts, examples) -> [N]``; ``score_ids(ids [N, G], examples, stop_token_ids) -> [N]`` (cut
+    at the first stop token); ``score_completions(batch, ids [N, Lc], sample_index [N]) -> [N]`` other completions of
+    the batch's samples (MDPO's and EGSPO's intermediate predictions); ``rollout_metrics(rewards, completion_mask,
+    nfe, rollout_time, reward_time)`` the step's reward / length metrics over every rank.
+
+    Settings: ``tokenizer``; ``rollout_sampler`` the recipe's ``rollout.sampler``; ``group_size`` completions per
+    prompt; ``rollout_micro_batch_size`` prompts per decoding call.
+
+    Collectives and data: ``all_reduce_sums({name: float}) -> {name: sum over ranks}``; ``device``; ``dataset`` the
+    recipe's ``data.dataset`` (IGPO reads its template for reference solutions)."""
     tokenizer: Any = None
     rollout_sampler: Any = None  # the recipe's ``rollout.sampler`` (a ``dare.rollout.SamplerConfig``)
+    group_size: int = 1
+    rollout_micro_batch_size: Optional[int] = None  # prompts per decoding call (``rollout.micro_batch_size``; None: all)
+    dataset: Any = None
+    device: Any = None
+    collect: Optional[Callable[..., tuple]] = None
+    decode: Optional[Callable[..., Any]] = None
+    decode_tree: Optional[Callable[..., Any]] = None
+    generate: Optional[Callable[..., Any]] = None
+    gathered: Optional[Callable[[Any], Any]] = None
+    prompt_seeds: Optional[Callable[..., list]] = None
+    score_texts: Optional[Callable[[list, list], torch.Tensor]] = None
     # reward of token ids ``[N, G]`` (cut at their first stop token) for data rows ``examples`` -> ``[N]``
     score_ids: Optional[Callable[[torch.Tensor, list, Any], torch.Tensor]] = None
     # reward of other completions ``[N, Lc]`` of the batch's samples ``sample_index [N]`` (MDPO's predictions) -> [N]
     score_completions: Optional[Callable[[RLBatch, torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    rollout_metrics: Optional[Callable[..., dict]] = None
+    all_reduce_sums: Callable[[dict], dict] = _sums_here  # one process: the sums are its own values
 
 
 @dataclass
@@ -177,11 +220,11 @@ class Algorithm:
         """A clear error when the recipe's ``rollout.sampler`` cannot produce what the method trains on (the loop calls
         it at start-up, after ``check_model``; RL methods only). Default: any sampler."""
 
-    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
+    def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         """Stages (1) rollout and (2) reward: the RL batch and its metrics. Default: ``group_size`` independent
-        completions per prompt (``dare.trainer.rl.RolloutStage.collect``); a method with another rollout shape
-        (d-TreeRPO's trees) builds its batch here with the stage's sampler, seeds and reward scorer."""
-        return stage.collect(ctx, prompts, model)
+        completions per prompt (``ctx.services.collect``); a method with another rollout shape (d-TreeRPO's trees)
+        builds its batch here from the services' decoding, seeds and reward scoring."""
+        return ctx.services.collect(ctx, prompts, model)
 
     # --- what the loop must prepare -------------------------------------------------------------------
     @property
@@ -285,7 +328,7 @@ class Algorithm:
 
     def select_prompts(self, ctx: StepContext, model, prompts: list, uids: list[int]) -> list[int]:
         """Positions in ``prompts`` (objects with ``input_ids`` and ``example``; ``uids`` their global indices) to train
-        on until the next curation. Runs with the model gathered for decoding (``dare.rollout.generate``)."""
+        on until the next curation. Runs with the model gathered for decoding (``ctx.services.generate``)."""
         raise NotImplementedError(f"{type(self).__name__} curates prompts but does not implement select_prompts()")
 
     def loss(self, ctx: StepContext, batch, current: LogLik, iteration: int):

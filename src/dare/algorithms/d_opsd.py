@@ -204,13 +204,13 @@ class DOPSD(Algorithm):
                              "unset rollout.sampler.record_trajectory")
 
     # --- (1)-(2) rollout with pass@k ----------------------------------------------------------------------
-    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
-        batch, metrics = stage.collect(ctx, prompts, model)
+    def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
+        batch, metrics = ctx.services.collect(ctx, prompts, model)
         tries = torch.ones(batch.size)
         if self.config.passk > 1:
-            tries = retry_until_correct(self.config, stage, ctx, model, batch)
+            tries = retry_until_correct(self.config, ctx, model, batch)
         cfg = self.config
-        sums = stage.env.all_reduce_sums({
+        sums = ctx.services.all_reduce_sums({
             "n": float(batch.size), "tries": float(tries.sum()), "kept": float(batch.rewards.float().sum()),
             "gated": float((batch.rewards >= cfg.gate).float().sum())})
         n = max(sums["n"], 1.0)
@@ -419,30 +419,29 @@ def _no_sequence_parallel() -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def retry_until_correct(cfg: DOPSDConfig, stage, ctx: StepContext, model, batch: RLBatch) -> torch.Tensor:
+def retry_until_correct(cfg: DOPSDConfig, ctx: StepContext, model, batch: RLBatch) -> torch.Tensor:
     """Decode every sample below ``correct_reward`` again (``passk_temperature``, a seed keyed by (step, sample, try))
     until it reaches it or has ``passk`` tries; keep the first correct try, else the best (latest among equals).
     Replaces rows of ``batch`` in place; returns the tries per sample ``[B]``."""
-    from ..collectives import gathered_for_inference
     from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
     from ..rewards.speed import rollout_info
-    from ..rollout import generate
-    sampler = dataclasses.replace(stage.recipe.rollout.sampler, temperature=cfg.passk_temperature)
+    services = ctx.services
+    sampler = dataclasses.replace(services.rollout_sampler, temperature=cfg.passk_temperature)
     tries = torch.ones(batch.size)
     examples = [{k: v for k, v in e.items() if k != "rollout"} for e in batch.examples]
     # One all-gather for every rank (a rank without failures joins it too): retries differ across ranks.
-    with gathered_for_inference(model):
+    with services.gathered(model):
         for attempt in range(1, cfg.passk):
             todo = (batch.rewards < cfg.correct_reward).nonzero().flatten()
             if todo.numel() == 0:
                 break
             seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, "passk", ctx.step, int(batch.uid[i]), attempt) for i in todo]
-            ro = generate(model, batch.prompt_ids[todo], sampler, n=1, seeds=seeds,
-                          attention_mask=batch.prompt_mask[todo])
+            ro = services.generate(model, batch.prompt_ids[todo], sampler, n=1, seeds=seeds,
+                                   attention_mask=batch.prompt_mask[todo])
             info = rollout_info(ro.completion_mask, ro.step_map, sampler.block_length)
             ex = [{**examples[int(i)], "rollout": inf} for i, inf in zip(todo, info)]
-            texts = ro.texts(stage.tokenizer)
-            rewards = stage.score(texts, ex).to(batch.rewards.device)
+            texts = ro.texts(services.tokenizer)
+            rewards = services.score_texts(texts, ex).to(batch.rewards.device)
             batch.nfe += ro.nfe
             tries[todo.cpu()] += 1
             better = rewards >= batch.rewards[todo]  # the best so far, the latest among equals

@@ -275,23 +275,23 @@ class DTreeRPO(GRPOAlgorithm):
         return cuts
 
     # --- (1) rollout, (2) reward -------------------------------------------------------------------------
-    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
-        rc = stage.recipe.rollout
-        sampler, seeds, n = rc.sampler, stage.prompt_seeds(ctx, prompts), prompts.size
-        chunk = rc.micro_batch_size or n  # prompts per tree call
+    def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
+        services = ctx.services
+        sampler, seeds, n = services.rollout_sampler, services.prompt_seeds(ctx, prompts), prompts.size
+        chunk = services.rollout_micro_batch_size or n  # prompts per tree call
         cuts = self.cut_steps(model, sampler)
         parts, leaf_rewards, leaf_masks, nfe, t_roll, t_rew = [], [], [], 0, 0.0, 0.0
         for s in range(0, n, chunk):
             part = prompts.select(torch.arange(s, min(n, s + chunk)))
             t0 = time.perf_counter()
-            tree = stage.decode_tree(part["prompt_tokens"], seeds[s:s + chunk], model, sampler, self.config.branching,
-                                     cuts)
+            tree = services.decode_tree(part["prompt_tokens"], seeds[s:s + chunk], model, sampler,
+                                        self.config.branching, cuts)
             if tree is None:  # a planned step (dare.plan) decodes the trees of its first prompts only
                 continue
             t1 = time.perf_counter()
             leaves = tree.leaves
-            rewards = stage.score(leaves.texts(stage.tokenizer),
-                                  [part["examples"][int(i)] for i in leaves.prompt_index.cpu()])
+            rewards = services.score_texts(leaves.texts(services.tokenizer),
+                                           [part["examples"][int(i)] for i in leaves.prompt_index.cpu()])
             t_roll, t_rew = t_roll + t1 - t0, t_rew + time.perf_counter() - t1
             parts.append(segments_batch(tree, rewards, part["uid"], model.adapter.mask_token_id, sampler.block_length))
             leaf_rewards.append(rewards)
@@ -300,8 +300,8 @@ class DTreeRPO(GRPOAlgorithm):
         pad = model.adapter.pad_token_id if model.adapter.pad_token_id is not None else model.adapter.eos_token_id
         batch = concat_batches(parts, pad)
         batch.stop_token_ids, batch.nfe = leaves.stop_token_ids, nfe
-        metrics = stage.metrics(torch.cat(leaf_rewards), torch.cat(leaf_masks), nfe, t_roll, t_rew)
-        metrics["segments"] = stage.env.all_reduce_sums({"segments": float(batch.size)})["segments"]
+        metrics = services.rollout_metrics(torch.cat(leaf_rewards), torch.cat(leaf_masks), nfe, t_roll, t_rew)
+        metrics["segments"] = services.all_reduce_sums({"segments": float(batch.size)})["segments"]
         return batch, metrics
 
     # --- (3) corruption ----------------------------------------------------------------------------------

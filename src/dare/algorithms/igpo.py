@@ -128,44 +128,45 @@ class IGPO(GRPOAlgorithm):
                              "would not follow (set rollout.sampler.record_trajectory: false)")
 
     # --- (1) rollout with the hinted round, (2) reward ---------------------------------------------------------
-    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
-        batch, metrics = stage.collect(ctx, prompts, model)
+    def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
+        services = ctx.services
+        batch, metrics = services.collect(ctx, prompts, model)
         cfg = self.config
         B, Lc = batch.completion_ids.shape
         dev = batch.completion_ids.device
         hint = torch.zeros(B, Lc, dtype=torch.bool, device=dev)
         t0 = time.perf_counter()
-        counts = self._hinted_round(stage, ctx, prompts, model, batch, hint)
+        counts = self._hinted_round(ctx, prompts, model, batch, hint)
         scored = torch.zeros_like(hint)
         if cfg.score_hints:
             scored = self._entropy_filtered(ctx, model, batch, hint)
         batch.state = HintState(hint, scored)
         metrics["rollout_time"] += time.perf_counter() - t0
         metrics["nfe"] += counts.pop("nfe")
-        metrics.update(stage.env.all_reduce_sums(counts))
+        metrics.update(services.all_reduce_sums(counts))
         return batch, metrics
 
-    def _hinted_round(self, stage, ctx: StepContext, prompts, model, batch: RLBatch, hint: torch.Tensor) -> dict:
+    def _hinted_round(self, ctx: StepContext, prompts, model, batch: RLBatch, hint: torch.Tensor) -> dict:
         """Regenerate the all-wrong groups with hints and swap correct hinted rollouts in (``batch`` and ``hint`` are
         updated in place). Returns the step's counts of this rank."""
         from ..collectives import agree_max
         from ..diffusion.noise import derive_seed, keyed_generator
         from ..rewards.speed import rollout_info
-        cfg = self.config
-        sampler = stage.recipe.rollout.sampler
-        G, Lc = stage.group, batch.completion_ids.shape[1]
+        cfg, services = self.config, ctx.services
+        sampler = services.rollout_sampler
+        G, Lc = services.group_size, batch.completion_ids.shape[1]
         uids = prompts["uid"].tolist()
         correct = (batch.rewards.float() >= cfg.correct_reward).cpu()
         group = batch.group.cpu()
         rows_of = {u: (group == u).nonzero().flatten() for u in uids}  # the group's rows, in sample order
         wrong = [j for j, u in enumerate(uids) if not bool(correct[rows_of[u]].any())]
-        refs = {j: reference_tokens(prompts["examples"][j], stage.tokenizer, stage.recipe.data.dataset,
+        refs = {j: reference_tokens(prompts["examples"][j], services.tokenizer, services.dataset,
                                     batch.stop_token_ids) for j in wrong}
         todo = [j for j in wrong if refs[j] is not None]
         counts = {"igpo_all_wrong_groups": float(len(wrong)), "igpo_hinted_groups": float(len(todo)),
                   "igpo_hinted_correct": 0.0, "igpo_replaced": 0.0, "nfe": 0}
         # Every rank joins the hinted decode's collectives (FSDP's weight gathering) when any rank has a group for it.
-        if agree_max([len(todo)], stage.env.device)[0] == 0:
+        if agree_max([len(todo)], services.device)[0] == 0:
             return counts
         spec = cfg.chunks()
         hints = []
@@ -176,15 +177,15 @@ class IGPO(GRPOAlgorithm):
         sub = prompts.select(torch.tensor(todo, dtype=torch.long))
         seeds = [derive_seed(ctx.seed, "igpo-hinted", ctx.step, uids[j]) for j in todo]
         hint_rows = torch.stack(hints) if hints else torch.zeros(0, sampler.gen_length, dtype=torch.long)
-        ro = stage.decode(sub, seeds, model, sampler, hints=hint_rows)
+        ro = services.decode(sub, seeds, model, sampler, hints=hint_rows)
         if ro is None:
             return counts
         counts["nfe"] = ro.nfe
         of = ro.prompt_index.cpu()
         info = rollout_info(ro.completion_mask, ro.step_map, sampler.block_length)
         examples = [{**sub["examples"][int(i)], "rollout": inf} for i, inf in zip(of, info)]
-        texts = ro.texts(stage.tokenizer)
-        rewards = stage.score(texts, examples)
+        texts = ro.texts(services.tokenizer)
+        rewards = services.score_texts(texts, examples)
         good = rewards.float() >= cfg.correct_reward
         counts["igpo_hinted_correct"] = float(good.sum())
         dev = batch.completion_ids.device

@@ -156,9 +156,10 @@ class JustGRPO(GRPOAlgorithm):
 
     deterministic_views = True  # the clean view names the scored slots; the AR states are built from it
 
-    def collect(self, stage, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
+    def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         """The group rollout of the recipe's sampler in AR order (block length 1, one token per step)."""
-        return stage.collect(ctx, prompts, model, sampler=ar_sampler(stage.recipe.rollout.sampler))
+        services = ctx.services
+        return services.collect(ctx, prompts, model, sampler=ar_sampler(services.rollout_sampler))
 
     # --- advantages and normalisers -----------------------------------------------------------------------
     def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:

@@ -161,7 +161,6 @@ class MDPO(GRPOAlgorithm):
         """One rollout per prompt with the recipe's sampler at ``icfw_temperature``, recording its trajectory; every
         intermediate prediction ``x0^(s)`` and the final completion are rewarded; keep the answer backslides."""
         from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
-        from ..rollout import generate
         cfg = self.config
         if not prompts:
             return []
@@ -169,7 +168,7 @@ class MDPO(GRPOAlgorithm):
                                       record_trajectory=True)
         score = ctx.services.score_ids
         seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u) for u in uids]
-        ro = generate(model, [p.input_ids for p in prompts], sampler, n=1, seeds=seeds)
+        ro = ctx.services.generate(model, [p.input_ids for p in prompts], sampler, n=1, seeds=seeds)
         examples = [p.example for p in prompts]
         final = score(ro.completion_ids, examples, ro.stop_token_ids)
         x0, valid = ro.trajectory.x0, ro.trajectory.valid.bool()

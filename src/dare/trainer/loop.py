@@ -186,7 +186,8 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------------------------------
     def step_context(self, step: int) -> StepContext:
-        services = self.rollout.services(self.tokenizer) if self.rollout is not None else Services(tokenizer=self.tokenizer)
+        services = (self.rollout.services(self.tokenizer) if self.rollout is not None else
+                    Services(tokenizer=self.tokenizer, device=self.env.device, all_reduce_sums=self.env.all_reduce_sums))
         return StepContext(step=step, seed=self.recipe.train.seed, adapter=self.model.adapter, rank=self.env.dp_rank,
                            world_size=self.env.dp_size, chunk_size=self.recipe.train.chunk_size,
                            want_entropy=self.algo.uses_rollout, services=services,
@@ -221,7 +222,7 @@ class Trainer:
         batch = self.source.batch(step).to(self.env.device)
         if self.rollout is not None:  # (1) rollout, (2) reward
             with self.phase("rollout"), self._autocast():
-                batch, rollout_metrics = self.algo.collect(self.rollout, ctx, batch, self.model)
+                batch, rollout_metrics = self.algo.collect(ctx, batch, self.model)
             metrics.update(rollout_metrics)
         t_prepare = time.perf_counter()
         with self.phase("score"), self._autocast(), sharding_sequences(self.env.sequence_group()):

@@ -233,9 +233,22 @@ class RolloutStage:
         return self.score_ids(completion_ids, examples, batch.stop_token_ids)
 
     def services(self, tokenizer=None) -> Services:
-        """What RL hooks may use (``ctx.services``): the recipe's sampler and reward scoring of token ids."""
-        return Services(tokenizer=tokenizer, rollout_sampler=self.recipe.rollout.sampler, score_ids=self.score_ids,
-                        score_completions=self.score_completion_ids)
+        """Everything RL hooks may ask of the trainer (``ctx.services``: ``dare.algorithms.Services``), from this
+        stage's own methods, so a subclass (the planner's ``SimulatedRollout``) serves the hooks its own decoding."""
+        from ..collectives import gathered_for_inference
+        return Services(tokenizer=tokenizer, rollout_sampler=self.recipe.rollout.sampler, group_size=self.group,
+                        rollout_micro_batch_size=self.recipe.rollout.micro_batch_size,
+                        dataset=self.recipe.data.dataset, device=self.env.device, collect=self.collect,
+                        decode=self.decode, decode_tree=self.decode_tree, generate=self.generate,
+                        gathered=gathered_for_inference, prompt_seeds=self.prompt_seeds, score_texts=self.score,
+                        score_ids=self.score_ids, score_completions=self.score_completion_ids,
+                        rollout_metrics=self.metrics, all_reduce_sums=self.env.all_reduce_sums)
+
+    def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None):
+        """One decode of ``prompt_tokens`` on this rank alone (``dare.rollout.generate``); the caller holds the
+        weights gathered (``Services.gathered``)."""
+        from ..rollout import generate
+        return generate(model, prompt_tokens, sampler, n=n, seeds=seeds, attention_mask=attention_mask)
 
     def decode(self, prompts: Batch, seeds: list[int], model, sampler, hints: Optional[torch.Tensor] = None):
         """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``.

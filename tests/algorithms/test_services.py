@@ -1,0 +1,86 @@
+"""One typed boundary between methods and the trainer (issue 39): a method's hooks ask the trainer for everything
+through ``ctx.services`` (``dare.algorithms.Services``), which the trainer and the planner both fill."""
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+from dare.algorithms import Algorithm, Services
+from dare.algorithms.registry import ALGORITHMS, load_builtin_algorithms
+
+ALGORITHMS_DIR = Path(__file__).resolve().parents[2] / "src" / "dare" / "algorithms"
+DECODERS = {"generate", "generate_tree"}
+
+
+def _sources():
+    return sorted(p for p in ALGORITHMS_DIR.rglob("*.py") if p.name != "__init__.py")
+
+
+def _violations(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        where = f"{path.relative_to(ALGORITHMS_DIR.parent.parent)}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1] in ("rollout", "api", "tree") \
+                and "rollout" in (node.module or "") and DECODERS & {a.name for a in node.names}:
+            out.append(f"{where}: imports a decoder ({', '.join(sorted(DECODERS & {a.name for a in node.names}))}); "
+                       "decode through ctx.services")
+        if isinstance(node, ast.ImportFrom) and node.module and ("trainer" in node.module.split(".")):
+            out.append(f"{where}: imports dare.trainer; ask ctx.services")
+        if isinstance(node, ast.arg) and node.arg == "stage":
+            out.append(f"{where}: takes the trainer's stage; ask ctx.services")
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "stage":
+            out.append(f"{where}: stage.{node.attr}; ask ctx.services")
+    return out
+
+
+def test_methods_use_nothing_of_the_trainer_but_ctx_services():
+    found = [v for p in _sources() for v in _violations(p)]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_what_it_forbids(tmp_path):
+    bad = tmp_path / "algorithms" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text("from ..rollout import generate\nfrom ..trainer.rl import RolloutStage\n"
+                   "def collect(self, stage, ctx):\n    return stage.collect(ctx)\n")
+    global ALGORITHMS_DIR
+    saved, ALGORITHMS_DIR = ALGORITHMS_DIR, bad.parent
+    try:
+        found = _violations(bad)
+    finally:
+        ALGORITHMS_DIR = saved
+    assert len(found) == 4, found
+
+
+def test_every_collect_hook_takes_the_context_prompts_and_model():
+    load_builtin_algorithms()
+    for name, cls in sorted(ALGORITHMS.items()):
+        params = list(inspect.signature(cls.collect).parameters)
+        assert params == ["self", "ctx", "prompts", "model"], (name, params)
+    assert list(inspect.signature(Algorithm.collect).parameters) == ["self", "ctx", "prompts", "model"]
+
+
+def test_the_trainer_fills_every_service_of_an_rl_run(tmp_path):
+    from dare.trainer.loop import Trainer
+    from dare.trainer.recipe import load_recipe
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes/rl/coupled_grpo.yaml", [
+        "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=1", f"train.output_dir={tmp_path}",
+        "train.export=false", "logging.progress=false", "logging.tensorboard=false", "logging.plot=false"])
+    tr = Trainer(recipe)
+    try:
+        services = tr.step_context(0).services
+        unset = [f.name for f in dataclasses.fields(Services) if getattr(services, f.name) is None
+                 and f.name != "rollout_micro_batch_size"]
+        assert not unset, unset
+        assert services.group_size == recipe.rollout.group_size and services.dataset is recipe.data.dataset
+        assert services.all_reduce_sums({"a": 2.0}) == {"a": 2.0}  # one process
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Services)])
+def test_every_service_is_documented(field):
+    assert f"``{field}" in Services.__doc__, f"Services.{field} is not described in its docstring"
