@@ -73,7 +73,7 @@ def test_the_trainer_fills_every_service_of_an_rl_run(tmp_path):
     try:
         services = tr.step_context(0).services
         unset = [f.name for f in dataclasses.fields(Services) if getattr(services, f.name) is None
-                 and f.name != "rollout_micro_batch_size"]
+                 and f.name not in ("rollout_micro_batch_size", "run_unit")]  # None in training: run here
         assert not unset, unset
         assert services.group_size == recipe.rollout.group_size and services.dataset is recipe.data.dataset
         assert services.all_reduce_sums({"a": 2.0}) == {"a": 2.0}  # one process

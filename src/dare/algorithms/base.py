@@ -94,7 +94,10 @@ class Services:
     prompt; ``rollout_micro_batch_size`` prompts per decoding call.
 
     Collectives and data: ``all_reduce_sums({name: float}) -> {name: sum over ranks}``; ``device``; ``dataset`` the
-    recipe's ``data.dataset`` (IGPO reads its template for reference solutions)."""
+    recipe's ``data.dataset`` (IGPO reads its template for reference solutions).
+
+    ``run_unit(key, unit) -> unit()``: how ``common.scoring.backward_each_view`` runs one view's forward + backward
+    (None: in place; the planner replays a unit of shapes it has measured: ``dare.plan.replay``)."""
     tokenizer: Any = None
     rollout_sampler: Any = None  # the recipe's ``rollout.sampler`` (a ``dare.rollout.SamplerConfig``)
     group_size: int = 1
@@ -114,6 +117,7 @@ class Services:
     score_completions: Optional[Callable[[RLBatch, torch.Tensor, torch.Tensor], torch.Tensor]] = None
     rollout_metrics: Optional[Callable[..., dict]] = None
     all_reduce_sums: Callable[[dict], dict] = _sums_here  # one process: the sums are its own values
+    run_unit: Optional[Callable[[Any, Callable[[], tuple]], tuple]] = None
 
 
 @dataclass

@@ -137,4 +137,5 @@ class BGPO(GRPOAlgorithm):
             old = old_all[:, j:j + 1] if old_all is not None else l.detach()
             ref = ref_all[:, j:j + 1] if ref_all is not None else None
             return self._mc_loss(ctx, batch, l, old, ref)
-        return backward_each_view(batch.views[iteration], sample_loss, loss_scale, skip_constant=True)
+        return backward_each_view(batch.views[iteration], sample_loss, loss_scale, skip_constant=True,
+                                  runner=ctx.services.run_unit)

@@ -404,7 +404,8 @@ class DOPSD(Algorithm):
             ok = batch.state.valid[torch.arange(batch.size), slot] & (batch.state.weight > 0)[:, None]
             metrics["top_k_overlap"] = float((overlap * ok).sum()) / positions
             return loss, metrics
-        return backward_each_view(batch.views[iteration], view_loss, loss_scale, skip_constant=True)
+        return backward_each_view(batch.views[iteration], view_loss, loss_scale, skip_constant=True,
+                                  runner=ctx.services.run_unit)
 
 
 def _no_sequence_parallel() -> None:

@@ -322,7 +322,7 @@ class EGSPO(GRPOAlgorithm):
                 ent = torch.zeros_like(full)
                 ent[:, j:j + 1] = part.entropy
             return self.loss(ctx, batch, LogLik(full, ent), iteration, slots=[j])
-        return backward_each_view(views, slot_loss, loss_scale)
+        return backward_each_view(views, slot_loss, loss_scale, runner=ctx.services.run_unit)
 
 
 @register_algorithm

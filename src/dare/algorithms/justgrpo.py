@@ -272,4 +272,4 @@ class JustGRPO(GRPOAlgorithm):
         def forward_loss(_, item):
             lp, ent, scored = self._run(ctx, model, batch, item, ctx.want_entropy)
             return self.loss(ctx, batch, LogLik(lp, ent), iteration, select=scored)
-        return backward_each_view(self.forwards(ctx, batch), forward_loss, loss_scale)
+        return backward_each_view(self.forwards(ctx, batch), forward_loss, loss_scale, runner=ctx.services.run_unit)

@@ -321,4 +321,4 @@ class MDPO(GRPOAlgorithm):
                 ent = torch.zeros_like(full)
                 ent[:, j * Lc:(j + 1) * Lc] = part.entropy
             return self.loss(ctx, batch, LogLik(full, ent), iteration, slots=[j])
-        return backward_each_view(views, step_loss, loss_scale)
+        return backward_each_view(views, step_loss, loss_scale, runner=ctx.services.run_unit)

@@ -165,4 +165,5 @@ class TraceRL(ReplayAlgorithm):
         def view_loss(r, view):
             return self.value_loss(ctx, batch, view_values(vm, view), select=batch.state.round == r)
         return backward_each_view(batch.views[0], view_loss, loss_scale, loss_key="value_loss",
-                                  totals={"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0})
+                                  totals={"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0},
+                                  runner=ctx.services.run_unit)

@@ -413,8 +413,10 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         try:
             models = [built.model, getattr(built.reference, "module", None), *built.companions.modules().values()]
             with (sim if sim is not None else contextlib.nullcontext()), tracker, \
-                    replaying(meter, tracker, models, enabled=opts.replay and sim is not None), \
+                    replaying(meter, tracker, models, enabled=opts.replay and sim is not None) as replay, \
                     _iteration_scoring(meter, scored_iterations):
+                if rollout is not None and replay is not None:
+                    rollout.run_unit = replay.unit  # the methods' per-view units (``Services.run_unit``)
                 _prime_optimizers(built)
                 primed = len(steps_taken)
                 try:

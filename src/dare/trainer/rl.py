@@ -188,6 +188,7 @@ class RolloutStage:
     def __init__(self, recipe, tokenizer, env):
         self.recipe, self.tokenizer, self.env = recipe, tokenizer, env
         self.group = recipe.rollout.group_size
+        self.run_unit = None  # ``Services.run_unit`` (the planner sets its replay's)
         if self.group < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group}")
 
@@ -242,7 +243,8 @@ class RolloutStage:
                         decode=self.decode, decode_tree=self.decode_tree, generate=self.generate,
                         gathered=gathered_for_inference, prompt_seeds=self.prompt_seeds, score_texts=self.score,
                         score_ids=self.score_ids, score_completions=self.score_completion_ids,
-                        rollout_metrics=self.metrics, all_reduce_sums=self.env.all_reduce_sums)
+                        rollout_metrics=self.metrics, all_reduce_sums=self.env.all_reduce_sums,
+                        run_unit=self.run_unit)
 
     def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None):
         """One decode of ``prompt_tokens`` on this rank alone (``dare.rollout.generate``); the caller holds the

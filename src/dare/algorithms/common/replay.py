@@ -274,4 +274,4 @@ class ReplayAlgorithm(GRPOAlgorithm):
         def view_loss(r, view):  # view r scores the tokens of round r
             current = self.log_likelihood(ctx, model, batch, [view], with_entropy=ctx.want_entropy)
             return self.loss(ctx, batch, current, iteration, select=batch.state.round == r)
-        return backward_each_view(batch.views[iteration], view_loss, loss_scale)
+        return backward_each_view(batch.views[iteration], view_loss, loss_scale, runner=ctx.services.run_unit)

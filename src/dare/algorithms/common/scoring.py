@@ -68,10 +68,12 @@ def score_views(model, views: list[View], chunk_size: Optional[int] = DEFAULT_CH
 
 def backward_each_view(views: list[View], loss_of: Callable[[int, View], tuple[torch.Tensor, dict]],
                        loss_scale: float = 1.0, totals: Optional[dict] = None, loss_key: str = "loss",
-                       skip_constant: bool = False) -> dict[str, float]:
+                       skip_constant: bool = False, runner: Optional[Callable] = None) -> dict[str, float]:
     """For each view r: ``loss, metrics = loss_of(r, view)`` (its forward and its share of the loss), then
     ``(loss * loss_scale).backward()`` (not for a loss without a graph when ``skip_constant``). Returns ``totals``
-    (default ``{loss_key: 0.0}``) with the losses summed under ``loss_key`` and every metric under its name."""
+    (default ``{loss_key: 0.0}``) with the losses summed under ``loss_key`` and every metric under its name.
+    ``runner(key, unit)`` (``ctx.services.run_unit``) runs each view's unit; None runs it here. The planner's
+    (``dare.plan.replay``) stands in for a unit of the same shapes that ran before."""
     out = {loss_key: 0.0} if totals is None else totals
     for r, view in enumerate(views):
         def unit(r=r, view=view):
@@ -79,14 +81,8 @@ def backward_each_view(views: list[View], loss_of: Callable[[int, View], tuple[t
             if loss.requires_grad or not skip_constant:
                 (loss * loss_scale).backward()
             return float(loss.detach()), metrics
-        runner = VIEW_RUNNER[0]
         value, metrics = unit() if runner is None else runner((loss_of.__code__, view), unit)
         out[loss_key] += value
         for k, v in metrics.items():
             out[k] = out.get(k, 0.0) + v
     return out
-
-
-# Set by ``dare plan`` while it plans a step (``dare.plan.replay``): called as ``runner(key, unit)`` for each view's
-# forward + backward, it runs ``unit()`` or stands in for a unit of the same shapes that ran before. None otherwise.
-VIEW_RUNNER: list = [None]
