@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dare.algorithms import ALGORITHMS, StepContext, build_algorithm, load_builtin_algorithms
+from dare.algorithms import ALGORITHMS, StepContext, build_algorithm, cost_knobs, load_builtin_algorithms
 from dare.algorithms.matrix import (ATTENTION_KINDS, MARKERS, algorithm_infos, family_attention, marked_block,
                                     markdown_matrix, supported_cells, with_matrix)
 from dare.cli import main as dare_main
@@ -30,9 +30,9 @@ load_builtin_algorithms()
 # The package's own algorithms (other test modules register test doubles in the same global registry).
 BUILTIN = {n: c for n, c in ALGORITHMS.items() if c.__module__.startswith("dare.algorithms.")}
 
-# Knobs that set an estimator's cost; a cell run shrinks whichever its config has (names of config fields, not of
-# algorithms).
-COST_KNOBS = {"num_mc": 2, "num_t": 2, "sample_train_steps": 2, "inner_iterations": 2, "mc_samples": 2}
+# A cell run shrinks every cost field of its config (``dare.algorithms.cost``: inner iterations, MC samples, trained
+# steps) to this: no list of field or algorithm names.
+SHRUNK_COST = 2
 TINY_BLOCK = 4  # the tiny SDAR block size; LLaDA2's tiny config keeps its published 32
 
 
@@ -72,12 +72,11 @@ def _accepts_one_block(recipe, family: str) -> bool:
 def run_cell(tmp_path, name: str, family: str):
     """``dare train`` of the algorithm's tiny recipe on ``tiny:<family>`` for 2 steps; returns the metric history."""
     cls = ALGORITHMS[name]
-    fields = {f.name for f in dataclasses.fields(cls.config_class)}
     overrides = [f"model.path=tiny:{family}", "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2",
                  "train.batch_size=2", "train.micro_batch_size=4", f"train.output_dir={tmp_path}", "train.resume=never",
                  "train.export=false", "train.save_every=0", "logging.progress=false", "logging.tensorboard=false",
                  "logging.plot=false"]
-    overrides += [f"algorithm.{k}={v}" for k, v in COST_KNOBS.items() if k in fields]
+    overrides += [f"algorithm.{k}={SHRUNK_COST}" for k in cost_knobs(cls.config_class)]
     if cls.uses_rollout:
         # One 8-token block on masked models (MDPO and CJ-GRPO's ASS need single-block rollouts), the tiny block
         # size on block models (TraceRL / DiRL replay the model's blocks), the tiny canvas (4) on encoder-decoder ones.

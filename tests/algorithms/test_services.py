@@ -84,3 +84,21 @@ def test_the_trainer_fills_every_service_of_an_rl_run(tmp_path):
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Services)])
 def test_every_service_is_documented(field):
     assert f"``{field}" in Services.__doc__, f"Services.{field} is not described in its docstring"
+
+
+def test_cost_fields_are_marked_and_a_redeclared_default_keeps_its_mark():
+    """The cost knobs are field metadata (``dare.algorithms.cost``), read by the tests, the paper grid and docs. The
+    loop's own knob, ``inner_iterations`` (``Algorithm.inner_iterations``), is one in every config that has it: a
+    subclass that changes its default without ``cost`` would drop the mark and its CPU runs would not shrink it."""
+    from dare.algorithms import cost, cost_knobs
+    load_builtin_algorithms()
+    with_iterations = 0
+    for name, cls in sorted(ALGORITHMS.items()):
+        fields = {f.name for f in dataclasses.fields(cls.config_class)}
+        if "inner_iterations" in fields:
+            with_iterations += 1
+            assert cost_knobs(cls.config_class).get("inner_iterations") == "iterations", name
+    assert with_iterations >= 20
+    assert cost_knobs(ALGORITHMS["bgpo"].config_class, "mc_samples") == {"num_mc": "mc_samples"}
+    with pytest.raises(ValueError, match="cost kind must be one of"):
+        cost(4, "forwards")

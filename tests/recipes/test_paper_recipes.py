@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dare.algorithms import ALGORITHMS, build_algorithm, load_builtin_algorithms
+from dare.algorithms import ALGORITHMS, build_algorithm, cost_knobs, load_builtin_algorithms
 from dare.algorithms.matrix import family_attention
 from dare.trainer.recipe import TrainRecipe, load_recipe
 from dare.data import DataConfig, load_examples
@@ -115,9 +115,8 @@ def test_recipe_validates_with_the_unified_settings(path):
     assert recipe.rollout.group_size == 8
     if "beta" in fields:
         assert algo.beta == 0.0
-    for key in ("num_mc", "num_t"):
-        if key in fields:
-            assert getattr(algo, key) == 16
+    for key in cost_knobs(type(algo), "mc_samples"):
+        assert getattr(algo, key) == 16
     s = recipe.rollout.sampler
     assert (s.gen_length, s.steps) == (task.gen_length, task.steps)
     kind = family_attention()[model.family]
@@ -204,7 +203,7 @@ def test_the_sample_holds_every_model_task_and_algorithm():
 
 
 
-COST_KNOBS = {"num_mc": 2, "num_t": 2, "sample_train_steps": 2, "inner_iterations": 1}
+SMOKE_COST = {"iterations": 1, "mc_samples": 2, "trained_steps": 2}  # per cost kind (dare.algorithms.cost)
 
 
 @pytest.mark.integration
@@ -213,7 +212,6 @@ def test_recipe_starts_on_cpu_with_a_tiny_model(path, tmp_path):
     from dare.trainer.loop import Trainer
     model, name, task = _cell(path)
     recipe = load_recipe(path)
-    fields = {f.name for f in dataclasses.fields(type(recipe.algorithm))}
     block = model.block_size or (8 if recipe.rollout.sampler.block_length == task.gen_length else 4)
     gen = 2 * block if model.block_size and block < 16 else max(block, 8)
     data = {"code": str(DATA / "code_mbpp_layout.jsonl")}
@@ -223,7 +221,7 @@ def test_recipe_starts_on_cpu_with_a_tiny_model(path, tmp_path):
                  f"rollout.sampler.block_length={block}", f"rollout.sampler.steps={gen // 2}", "data.dataset.limit=2",
                  f"train.output_dir={tmp_path}", "train.resume=never", "train.export=false", "train.save_every=0",
                  "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", "reward.workers=0"]
-    overrides += [f"algorithm.{k}={v}" for k, v in COST_KNOBS.items() if k in fields]
+    overrides += [f"algorithm.{k}={SMOKE_COST[kind]}" for k, kind in cost_knobs(type(recipe.algorithm)).items()]
     if task.name in data:
         overrides.append(f"data.dataset.path={data[task.name]}")
     before = torch.get_num_threads()

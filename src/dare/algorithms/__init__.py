@@ -7,10 +7,10 @@ in ``losses``, advantage estimators and aggregation modes in ``advantages``.
 """
 from __future__ import annotations
 
-from .base import Algorithm, AlgorithmConfig, Companion, Services, StepContext
+from .base import Algorithm, AlgorithmConfig, Companion, Services, StepContext, cost, cost_knobs
 from .batch import Advantages, Batch, LogLik, RLBatch, View
 from .registry import ALGORITHMS, build_algorithm, get_algorithm, load_builtin_algorithms, register_algorithm
 
 __all__ = ["ALGORITHMS", "Advantages", "Algorithm", "AlgorithmConfig", "Batch", "Companion", "LogLik", "RLBatch",
-           "Services", "StepContext", "View", "build_algorithm", "get_algorithm", "register_algorithm",
-           "load_builtin_algorithms"]
+           "Services", "StepContext", "View", "build_algorithm", "cost", "cost_knobs", "get_algorithm",
+           "register_algorithm", "load_builtin_algorithms"]

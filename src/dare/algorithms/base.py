@@ -65,6 +65,27 @@ from .common.scoring import score_views
 from .registry import ALGORITHMS, get_algorithm
 
 
+# What a config field's value multiplies in a step's cost (``cost``): its inner iterations, the estimator's MC samples
+# (forwards per sample), or the trained steps per completion. Tests shrink these fields for CPU runs, the paper grid
+# sets the MC samples to its unified count, and docs name them, all by this metadata: no list of field names.
+COST_KINDS = ("iterations", "mc_samples", "trained_steps")
+
+
+def cost(default: int, kind: str):
+    """A config field whose value multiplies a step's cost (``kind`` one of ``COST_KINDS``), e.g.
+    ``num_mc: int = cost(16, "mc_samples")``. A subclass that changes the default declares it with ``cost`` again."""
+    if kind not in COST_KINDS:
+        raise ValueError(f"cost kind must be one of {COST_KINDS}, got {kind!r}")
+    return field(default=default, metadata={"cost": kind})
+
+
+def cost_knobs(config_class, *kinds: str) -> dict[str, str]:
+    """``{field name: cost kind}`` of ``config_class``'s cost fields (of ``kinds`` only, when given)."""
+    import dataclasses
+    return {f.name: f.metadata["cost"] for f in dataclasses.fields(config_class)
+            if "cost" in f.metadata and (not kinds or f.metadata["cost"] in kinds)}
+
+
 def _sums_here(values: dict) -> dict:
     return dict(values)
 

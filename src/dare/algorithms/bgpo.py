@@ -28,7 +28,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import LogLik, RLBatch, View
 from .common.elbo import elbo_view, sequence_loglik, stratified_masks, view_sequence_logp
 from .common.scoring import backward_each_view
@@ -43,7 +43,7 @@ EXP_CLAMP = 20.0  # exp(Delta) guard for the Jensen branch (unselected-branch in
 @dataclass
 class BGPOConfig(GRPOConfig):
     name: str = "bgpo"
-    num_mc: int = 16  # MC samples per sequence (the unified setting of BGPO / DARE recipes)
+    num_mc: int = cost(16, "mc_samples")  # MC samples per sequence (the unified setting of BGPO / DARE recipes)
     clip_low: float = 0.2
     dual_clip: Optional[float] = 3.0
     advantage: AdvantageMode = "mean_std"

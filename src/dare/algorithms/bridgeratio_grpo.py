@@ -36,7 +36,7 @@ from typing import Literal
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import LogLik, RLBatch, View
 from .common.scoring import score_views
 from .common.views import completion_view
@@ -53,7 +53,7 @@ ScoreScale = Literal["token", "sequence", "valid_tokens"]
 @dataclass
 class BridgeRatioGRPOConfig(CoupledGRPOConfig):
     name: str = "bridgeratio_grpo"
-    inner_iterations: int = 1  # DARE: ppo_epochs 1, the whole rollout batch one mini-batch
+    inner_iterations: int = cost(1, "iterations")  # DARE: ppo_epochs 1, the whole rollout batch one mini-batch
     clip_low: float = 0.2
     dual_clip: float = 3.0  # verl's clip_ratio_c
     beta: float = 0.0  # DARE: use_kl_loss False

@@ -30,7 +30,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch
 from .common.replay import ReplayAlgorithm, ReplayConfig
 from .grpo import AdvantageMode
@@ -41,7 +41,7 @@ from .registry import register_algorithm
 @dataclass
 class CJGRPOConfig(ReplayConfig):
     name: str = "cj_grpo"
-    inner_iterations: int = 12
+    inner_iterations: int = cost(12, "iterations")
     clip_low: float = 0.5
     beta: float = 0.04
     advantage: AdvantageMode = "mean"

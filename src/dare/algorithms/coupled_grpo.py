@@ -32,7 +32,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch, View
 from .common.views import completion_view
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
@@ -43,7 +43,7 @@ from .registry import register_algorithm
 @dataclass
 class CoupledGRPOConfig(GRPOConfig):
     name: str = "coupled_grpo"
-    inner_iterations: int = 2
+    inner_iterations: int = cost(2, "iterations")
     clip_low: float = 0.5
     beta: float = 0.01
     advantage: AdvantageMode = "loo"

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch, View
 from .common.views import one_step_view
 from .grpo import GRPOAlgorithm, GRPOConfig
@@ -36,7 +36,7 @@ from .registry import register_algorithm
 @dataclass
 class D1Config(GRPOConfig):
     name: str = "d1"
-    inner_iterations: int = 12
+    inner_iterations: int = cost(12, "iterations")
     clip_low: float = 0.5
     beta: float = 0.04
     p_mask_prompt: float = 0.15

@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 
 from ..diffusion.anyorder import anyorder_inputs
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch, View
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
 from .paper import PaperSettings
@@ -34,7 +34,7 @@ from .registry import register_algorithm
 @dataclass
 class D2AnyOrderConfig(GRPOConfig):
     name: str = "d2_anyorder"
-    inner_iterations: int = 2
+    inner_iterations: int = cost(2, "iterations")
     clip_low: float = 0.5
     beta: float = 0.04
     advantage: AdvantageMode = "mean_std_unbiased"

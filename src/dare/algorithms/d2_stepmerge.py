@@ -28,7 +28,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch
 from .common.replay import ReplayAlgorithm, ReplayConfig, completion_block_ids
 from .common.views import prompt_masks
@@ -43,7 +43,7 @@ class D2StepMergeConfig(ReplayConfig):
     segments: int = 8  # N (gsm8k_d2stepmerge.sh --N 8: one segment per 32-token block of its 128-step rollout)
     # T, the rollout's global step count the segments split; None = the recipe's sampler schedule
     total_steps: Optional[int] = None
-    inner_iterations: int = 12
+    inner_iterations: int = cost(12, "iterations")
     clip_low: float = 0.5
     beta: float = 0.04
     p_mask_prompt: float = 0.15

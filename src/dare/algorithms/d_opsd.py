@@ -41,7 +41,7 @@ import torch
 
 from ..collectives import agree_max
 from ..models import LogitsRequest
-from .base import Algorithm, AlgorithmConfig, StepContext
+from .base import Algorithm, AlgorithmConfig, StepContext, cost
 from .batch import LogLik, RLBatch, View
 from .common.replay import step_groups
 from .common.scoring import backward_each_view
@@ -57,7 +57,7 @@ class DOPSDConfig(AlgorithmConfig):
     name: str = "d_opsd"
     # The authors' ``batch_divide``: the recorded states are split into this many chunks, one optimizer update each
     # (run/*/opsd.sh: 4 on B200; the config default and README: 8 on A100/H100).
-    inner_iterations: int = 4
+    inner_iterations: int = cost(4, "iterations")
     passk: int = 8  # decode a failed sample again, up to this many tries in all
     passk_temperature: float = 0.9  # sampler temperature of the retries (the first try uses the recipe's)
     correct_reward: float = 1.0  # reward at which a try counts as correct (retries stop)

@@ -39,7 +39,7 @@ from typing import ClassVar, Optional
 import torch
 
 from .advantages import group_mean_std
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View, batch_field
 from .common.views import completion_view, with_attention_blocks
 from .grpo import Aggregation, GRPOAlgorithm, GRPOConfig
@@ -50,7 +50,7 @@ from .registry import register_algorithm
 @dataclass
 class DTreeRPOConfig(GRPOConfig):
     name: str = "dtreerpo"
-    inner_iterations: int = 12  # num_iterations: 12
+    inner_iterations: int = cost(12, "iterations")  # num_iterations: 12
     clip_low: float = 0.4  # epsilon: 0.4
     beta: float = 0.01  # beta: 0.01 (k3 to the reference)
     aggregation: Aggregation = "seq_mean_token_mean"  # per segment: mean over its committed tokens; mean of segments

@@ -26,7 +26,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch, View
 from .common.blocks import completion_blocks
 from .common.elbo import SequenceRatioAlgorithm, elbo_view, random_subset
@@ -38,7 +38,7 @@ from .registry import register_algorithm
 @dataclass
 class EBPOConfig(GRPOConfig):
     name: str = "ebpo"
-    num_mc: int = 16  # noise levels t_n = forwards per sequence and inner iteration
+    num_mc: int = cost(16, "mc_samples")  # noise levels t_n = forwards per sequence and inner iteration
     clip_low: float = 0.2
     kl_estimator: Literal["k1", "k2", "k3"] = "k2"
     advantage: AdvantageMode = "mean_std"

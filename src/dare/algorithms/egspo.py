@@ -32,7 +32,7 @@ import torch
 
 from ..models import LogitsRequest
 from .advantages import group_advantages, zero_variance_groups
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View
 from .common.scoring import backward_each_view, score_view
 from .common.views import completion_view
@@ -47,10 +47,10 @@ StepSelection = Literal["entropy", "uniform", "random"]
 @dataclass
 class EGSPOConfig(GRPOConfig):
     name: str = "egspo"
-    sample_train_steps: int = 8  # K: trained steps per completion (logps_eval_num_steps)
+    sample_train_steps: int = cost(8, "trained_steps")  # K: trained steps per completion (logps_eval_num_steps)
     # mu: optimizer updates per rollout; each trains K / mu of the selected steps (the reference: one step per
     # micro-step with gradient_accumulation_steps = 2, so K = 8 steps make 4 updates)
-    inner_iterations: int = 4
+    inner_iterations: int = cost(4, "iterations")
     clip_low: float = 0.2  # epsilon
     clip_high: Optional[float] = 0.5  # epsilon_high
     beta: float = 0.04  # k3 on the step-level log-prob, to the frozen starting model

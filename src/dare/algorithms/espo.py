@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch, View
 from .common.elbo import SequenceRatioAlgorithm, elbo_view, stratified_masks
 from .grpo import AdvantageMode, GRPOConfig
@@ -43,14 +43,14 @@ from .registry import register_algorithm
 @dataclass
 class ESPOConfig(GRPOConfig):
     name: str = "espo"
-    inner_iterations: int = 8
+    inner_iterations: int = cost(8, "iterations")
     clip_low: float = 0.2
     beta: float = 1e-3
     kl_estimator: Literal["k1", "k2", "k3"] = "k2"
     advantage: AdvantageMode = "loo"
     ref_sync_every: int = 64
     ref_sync_alpha: float = 0.6
-    num_mc: int = 2  # MC samples of the sequence ELBO (DARE's unified setting: 16)
+    num_mc: int = cost(2, "mc_samples")  # MC samples of the sequence ELBO (DARE's unified setting: 16)
     antithetic: bool = True  # the complement pass (ESPO's reduce_var)
     two_pass_backward: bool = True  # memory O(1) in num_mc; needs a deterministic forward (no dropout)
 

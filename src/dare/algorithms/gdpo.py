@@ -35,7 +35,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import RLBatch, View
 from .common.elbo import SequenceRatioAlgorithm, elbo_view, random_subset
 from .grpo import AdvantageMode, GRPOConfig
@@ -99,7 +99,7 @@ def quadrature_masks(ctx, batch, iteration: int, nodes: list[float], draws: int)
 @dataclass
 class GDPOConfig(GRPOConfig):
     name: str = "gdpo"
-    inner_iterations: int = 12
+    inner_iterations: int = cost(12, "iterations")
     clip_low: float = 0.5
     beta: float = 0.0
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # sequence-level, on the ELBO / L (only when beta > 0)

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 import torch
 
 from .advantages import ADVANTAGE_ESTIMATORS, AGGREGATIONS, AdvantageMode, Aggregation, group_advantages, zero_variance_groups
-from .base import Algorithm, AlgorithmConfig, StepContext
+from .base import Algorithm, AlgorithmConfig, StepContext, cost
 from .batch import Advantages, LogLik, RLBatch
 from .losses import token_policy_loss
 
@@ -27,7 +27,7 @@ from .losses import token_policy_loss
 @dataclass
 class GRPOConfig(AlgorithmConfig):
     name: str = "grpo"
-    inner_iterations: int = 1  # mu: optimizer updates per rollout batch, each with fresh (stored) noise
+    inner_iterations: int = cost(1, "iterations")  # mu: optimizer updates per rollout batch, each with fresh (stored) noise
     clip_low: float = 0.2
     clip_high: Optional[float] = None  # None = clip_low (symmetric); DAPO/DiRL "clip-higher" sets it larger
     dual_clip: Optional[float] = None  # c > 1: for A < 0 the loss is capped at -c * A

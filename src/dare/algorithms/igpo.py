@@ -33,7 +33,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import LogLik, RLBatch, View
 from .common.hints import ChunkHints, chunk_hint_canvas, hint_ratios, reference_tokens
 from .common.views import completion_view
@@ -46,7 +46,7 @@ from .registry import register_algorithm
 @dataclass
 class IGPOConfig(GRPOConfig):
     name: str = "igpo"
-    inner_iterations: int = 4  # run_igpo.sh l.5 num_iterations=4
+    inner_iterations: int = cost(4, "iterations")  # run_igpo.sh l.5 num_iterations=4
     clip_low: float = 0.2  # run_igpo.sh l.143 --epsilon_low 0.2
     clip_high: Optional[float] = 0.2  # l.144 --epsilon_high 0.2
     beta: float = 0.01  # l.142 --beta 0.01 (per-token k3, trainer_igpo.py l.633-639)

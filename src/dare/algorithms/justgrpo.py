@@ -40,7 +40,7 @@ import torch
 from ..collectives import agree_max
 from ..diffusion.logprob import score_targets
 from .advantages import aggregation_weights, group_zscore_unbiased
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View
 from .common.scoring import backward_each_view
 from .common.views import prompt_completion_view, with_attention_blocks
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class JustGRPOConfig(GRPOConfig):
     name: str = "justgrpo"
-    inner_iterations: int = 1  # train.py: one update per rollout batch (ratio = exp(logp - logp.detach()))
+    inner_iterations: int = cost(1, "iterations")  # train.py: one update per rollout batch (ratio = exp(logp - logp.detach()))
     clip_low: float = 0.2  # grpo.py logprob_loss eps=0.2
     beta: float = 0.0  # no KL term in the reference
     advantage: AdvantageMode = "mean_std"  # compute_group_advantages: unbiased std (torch.std), eps 1e-4

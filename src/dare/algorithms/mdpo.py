@@ -45,7 +45,7 @@ import torch
 from ..collectives import agree_max
 from ..diffusion.logprob import score_targets
 from .advantages import group_zscore_unbiased
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View
 from .common.scoring import backward_each_view
 from .common.views import prompt_completion_view
@@ -63,7 +63,7 @@ class MDPOConfig(GRPOConfig):
     kl_estimator: Literal["k1", "k2", "k3"] = "k2"
     advantage: AdvantageMode = "mean_std"  # per step, with advantage_eps and the unbiased std
     advantage_eps: float = 1e-4
-    sample_train_steps: int = 16
+    sample_train_steps: int = cost(16, "trained_steps")
     temperature: float = 0.1  # logits / temperature when scoring (the reference reuses the rollout temperature)
     confidence_weight: bool = True  # weight each token by the sampler's confidence c_k
     # ICFW curation ("incremental_training"): train only on prompts whose greedy rollout was correct at an

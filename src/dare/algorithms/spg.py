@@ -39,7 +39,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import LogLik, RLBatch, View
 from .common.blocks import completion_blocks
 from .common.scoring import score_views
@@ -54,9 +54,9 @@ ForwardType = Literal["all", "random", "block_all", "block_random"]
 @dataclass
 class SPGConfig(GRPOConfig):
     name: str = "spg"
-    inner_iterations: int = 4
+    inner_iterations: int = cost(4, "iterations")
     forward_type: ForwardType = "block_random"
-    num_t: int = 2  # masked draws (forwards) per sample and inner iteration
+    num_t: int = cost(2, "mc_samples")  # masked draws (forwards) per sample and inner iteration
     min_t: float = 0.0
     max_t: float = 1.0
     block_length: int = 32  # masked models: the rollout's semi-autoregressive block (block models: adapter.block_size)

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import StepContext
+from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View
 from .common.views import one_step_view
 from .grpo import GRPOAlgorithm, GRPOConfig
@@ -34,7 +34,7 @@ from .registry import register_algorithm
 @dataclass
 class WD1Config(GRPOConfig):
     name: str = "wd1"
-    inner_iterations: int = 12
+    inner_iterations: int = cost(12, "iterations")
     clip_low: float = 0.5  # unused (no ratio); d1's value, whose estimate wd1 scores
     beta: float = 0.0
     p_mask_prompt: float = 0.15
