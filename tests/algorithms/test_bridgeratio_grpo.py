@@ -19,7 +19,7 @@ def loss_parity(algo, x, monkeypatch):
     """tests/algorithms/test_loss_parity.py runs it on the bridgeratio_grpo* cases: the reference's t and path-1 mask,
     dare's three paths scoring the reference's logits, the ratio estimator and the loss (advantages from rewards)."""
     from dare.algorithms import bridgeratio_grpo as module
-    from tests.algorithms.test_loss_parity import rl_batch as case_batch
+    from tests.algorithms.test_loss_parity import case_batch
     monkeypatch.setattr(module, "coupled_masks", lambda *a, **k: (x["v1"], x["t"]))
     views = leaf(x, "logp_views")  # all masked, t, 1 - t
     return estimator_and_loss(algo, case_batch(x), {"logp_views": views}, _hidden(x, list(views)))

@@ -12,6 +12,7 @@ from tests.algorithms.block_checks import (assert_future_blocks_invisible, asser
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
 from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.test_loss_parity import _hidden, case_batch, estimator_and_loss, leaf, runner
 
 
 def _setup(family="llada", **cfg):
@@ -234,3 +235,15 @@ def test_recipe_defaults():
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "coupled_grpo", family, "algorithm.beta=0.0")
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("coupled_grpo")
+def loss_parity_coupled_grpo(algo, x, monkeypatch):
+    """Coupled-GRPO's views (the reference's t and v1 mask), view combination and loss."""
+    from dare.algorithms import coupled_grpo as module
+    monkeypatch.setattr(module, "coupled_masks", lambda *a, **k: (x["v1"], x["t"]))
+    views = leaf(x, "logp_views")  # all masked, t, 1 - t
+    return estimator_and_loss(algo, case_batch(x), {"logp_views": views}, _hidden(x, list(views)))

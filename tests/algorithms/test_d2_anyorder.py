@@ -18,6 +18,8 @@ from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, learning_families
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
+from tests.algorithms.parity_io import TableModel, completion_hidden, stub_adapter
+from tests.algorithms.test_loss_parity import case_batch, leaf, runner
 
 PROMPTS = ("abc", "hello there")  # different lengths: the shorter prompt is left-padded
 
@@ -155,3 +157,29 @@ def test_learns_toy_reward(tmp_path, family):
     """Two tokens per step, as the authors' any-order sampler."""
     learns_toy_reward(tmp_path, "d2_anyorder", family, "algorithm.beta=0.0",
                       sampler="{gen_length: 8, block_length: 8, steps: 4, temperature: 1.0, any_order: true}")
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("d2_anyorder")
+def loss_parity_d2_anyorder(algo, x, monkeypatch):
+    """d2-AnyOrder: the one-pass view of the step map -- its attention and positions, put in the reference's decoding
+    order, must be the reference's ``get_logits`` bias and position ids -- scored with the leaf at its queries, the
+    loss."""
+    from types import SimpleNamespace
+    batch = case_batch(x, step_map=x["step_map"])
+    ctx = StepContext(step=0, seed=0, adapter=SimpleNamespace(**vars(stub_adapter()), shift_logits=False))
+    (view,) = batch.views[0] = corrupt(algo, ctx, batch, 0)
+    ctx.norms = algo.normalizers(batch)
+    B, P = x["prompt_ids"].shape
+    Lc = x["completion_ids"].shape[1]
+    for i in range(B):
+        order = x["decode_order"][i]
+        perm = torch.cat([torch.arange(P), P + order, P + Lc + order])
+        assert torch.equal(view.attention_mask[i, 0][perm][:, perm], x["ref_attend"][i])
+        assert torch.equal(view.position_ids[i][perm], x["ref_position_ids"][i])
+    logp = leaf(x, "logp")
+    current = algo.log_likelihood(ctx, TableModel([completion_hidden(logp, P + Lc, x["completion_ids"])]), batch,
+                                  [view])
+    return algo.loss(ctx, batch, current, 0)[0], {"logp": logp}

@@ -19,6 +19,8 @@ from dare.rollout.config import SamplerConfig
 from tests.algorithms.helpers import corrupt, learning_families
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch
+from tests.algorithms.parity_io import TableModel, completion_hidden
+from tests.algorithms.test_loss_parity import case_batch, leaf, prepared, runner
 
 PROMPTS = ("abc", "hello there")
 
@@ -178,3 +180,29 @@ def test_config_and_schedule_errors():
 @pytest.mark.parametrize("family", learning_families("d2_stepmerge"))
 def test_learns_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "d2_stepmerge", family, "algorithm.beta=0.0")
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("d2_stepmerge")
+def loss_parity_d2_stepmerge(algo, x, monkeypatch):
+    """d2-StepMerge: the segment views of the step map (the reference's prompt mask substituted), each row's view
+    scored with the reference's table of the segment it holds, the loss; the views must be the reference's inputs
+    (its masked prompt and the segment's snapshot)."""
+    from dare.algorithms import d2_stepmerge as module
+    from tests.algorithms.parity_io import MASK_ID
+    monkeypatch.setattr(module, "prompt_masks", lambda *a, **k: x["prompt_input"] == MASK_ID)
+    batch = case_batch(x, step_map=x["step_map"])
+    ctx, views = prepared(algo, batch)
+    seg = leaf(x, "logp_segments")
+    B, P = x["prompt_ids"].shape
+    rows = torch.arange(B)
+    holds = batch.state.threshold.clamp_max(seg.shape[0] - 1)  # [B, R]: the segment row i's view r replays
+    for r, v in enumerate(views):
+        assert torch.equal(v.input_ids[:, :P], x["prompt_input"])
+        live = v.targets[:, P:].any(1)  # rows whose answer ends early have fewer segments with targets
+        assert torch.equal(v.input_ids[live, P:], x["snapshots"][holds[:, r], rows, P:][live])
+    hidden = [completion_hidden(seg[holds[:, r], rows], P, x["completion_ids"]) for r in range(len(views))]
+    current = algo.log_likelihood(ctx, TableModel(hidden), batch, views)
+    return algo.loss(ctx, batch, current, 0)[0], {"logp_segments": seg}

@@ -17,6 +17,10 @@ from dare.trainer.reference import CopyReference
 from tests.algorithms.helpers import learning_families, plain_services
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch, setup
+from dare.algorithms import StepContext
+from tests.algorithms.parity_io import stub_adapter
+from tests.algorithms.test_loss_parity import RowTable, case_batch, leaf, runner
+from types import SimpleNamespace
 
 SAMPLER = SamplerConfig(gen_length=16, block_length=4, steps=8, temperature=1.0, block_stop=False)
 
@@ -390,3 +394,38 @@ def test_learns_to_match_its_self_future_teacher(tmp_path, family):
     with single_thread():
         kl = [h["kl"] for h in Trainer(recipe).run()]
     assert sum(kl[-3:]) < 0.25 * sum(kl[:3]), kl
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("d_opsd")
+def loss_parity_d_opsd(algo, x, monkeypatch):
+    """d-OPSD: the recorded states (from the step map), chunks, the reference's reveals (substituted), the teacher's
+    top-2 positions and top-k tables (``score_frozen``), the student's log-probs there and the gated loss, every
+    inner iteration's loss summed."""
+    from dare.algorithms import d_opsd as module
+    from tests.algorithms.parity_io import block_logits
+    B, S, L = x["trajectory"].shape
+    P, BL = x["prompt_ids"].shape[1], int(x["block_length"])
+    Lc = L - P
+    revealed = (x["teacher_trajectory"] != x["trajectory"])[:, :, P:]
+    monkeypatch.setattr(module, "reveal_positions",
+                        lambda ctx, uid, step, n, ratio: revealed[uid, step].nonzero().flatten() - (Lc - n))
+    batch = case_batch(x, step_map=x["step_map"], stop_token_ids=(1,))
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
+    ctx.services.rollout_sampler = SimpleNamespace(block_length=BL)
+    batch.state = algo.prepare(ctx, batch)
+    assert batch.state.states.tolist() == x["recorded"].tolist()  # the reference's recorded states
+    batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(algo.inner_iterations)}
+
+    def tables(block, states):
+        return torch.stack([block_logits(block[i], states[i], P, BL, 2) for i in range(B)])
+    teacher = RowTable(x["teacher_trajectory"], tables(x["teacher_logits"], x["teacher_trajectory"]))
+    batch.state = algo.score_frozen(ctx, batch, teacher, 1000)
+    ctx.norms = algo.normalizers(batch)
+    logits = leaf(x, "student_logits")
+    student = RowTable(x["trajectory"], tables(logits, x["trajectory"]))
+    loss = sum(algo.loss(ctx, batch, algo.log_likelihood(ctx, student, batch, batch.views[j]), j)[0]
+               for j in range(algo.inner_iterations))
+    return loss, {"student_logits": logits}

@@ -13,6 +13,10 @@ from dare.trainer import stages
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import run_recipe
 from tests.trainer.two_processes import register, same_history, trajectory_case
+from dare.algorithms import LogLik
+from tests.algorithms.helpers import corrupt
+from tests.algorithms.parity_io import stub_adapter
+from tests.algorithms.test_loss_parity import case_batch, leaf, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("abc", "hello there")
@@ -335,3 +339,28 @@ def test_two_processes_reproduce_one_process(two_process_runs, case):
     first, second = two_process_runs(case)
     assert any(abs(a["loss"]) > 1e-6 for a in first.metrics)
     same_history(first.metrics, second.metrics, ("reward_mean", "segments", "loss", "grad_norm", "sd_kl"))
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("dtreerpo")
+def loss_parity_dtreerpo(algo, x, monkeypatch):
+    """d-TreeRPO: segment targets (committed in the child, masked in the parent, up to the child's first stop), the
+    given local advantages, self-distillation weights at the case's step, and the loss."""
+    from dare.algorithms.dtreerpo import TreeState, segment_targets
+    from tests.algorithms.parity_io import MASK_ID
+
+    def steps(ids):  # a step map that marks what is written
+        return torch.where(ids != MASK_ID, 0, -1)
+
+    targets = segment_targets(steps(x["completion_ids"]), steps(x["parent_ids"]), x["completion_mask"])
+    B = x["completion_ids"].shape[0]
+    batch = case_batch(x, state=TreeState(x["parent_ids"], steps(x["parent_ids"]), targets, x["tree_advantages"],
+                                        torch.zeros(B, dtype=torch.long)))
+    ctx = StepContext(step=int(x["global_step"]), seed=0, adapter=stub_adapter())
+    batch.advantages = algo.advantages(ctx, batch)
+    batch.views = {0: corrupt(algo, ctx, batch, 0)}
+    ctx.norms = algo.normalizers(batch)
+    logp = leaf(x, "logp")
+    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}

@@ -15,6 +15,9 @@ from dare.trainer import stages
 from tests.algorithms.helpers import corrupt
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
 from tests.algorithms.trajectory_helpers import rollout_batch, run_recipe, setup
+from dare.algorithms import StepContext
+from tests.algorithms.parity_io import TableModel, completion_hidden, stub_adapter
+from tests.algorithms.test_loss_parity import case_batch, leaf, runner
 
 SAMPLER = dict(gen_length=8, block_length=8, steps=8, temperature=1.0, record_entropy=True, record_trajectory=True,
                block_stop=False)
@@ -257,3 +260,56 @@ def test_attention_kinds():
     assert get_algorithm("egspo_sa").supports == ("bidirectional",)
     assert {"encoder_decoder"} <= set(get_algorithm("egspo").undefined)
     assert {"encoder_decoder", "block_causal"} <= set(get_algorithm("egspo_sa").undefined)
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("egspo")
+def loss_parity_egspo(algo, x, monkeypatch):
+    """EGSPO / EGSPO-SA: the trained steps from the recorded entropies (must be the reference's), the replayed states,
+    the one-step-denoise rewards (the case's greedy completion of each state; the argmax has its own golden test),
+    the advantages, and each iteration's loss from dare's estimator on the embedded leaf."""
+    from dare.algorithms import egspo as module
+    B, T1, Lc = x["states"].shape
+    P = x["prompt_ids"].shape[1]
+
+    def greedy(model, view, completion_length, mask_id):  # the case's x0_hat of each row's state
+        rows = []
+        for ids in view.input_ids:
+            hit = ((x["states"] == ids[P:]).all(-1) & (x["prompt_ids"] == ids[:P]).all(-1)[:, None]).nonzero()
+            assert hit.shape[0] == 1
+            rows.append(x["greedy"][hit[0, 0], hit[0, 1]])
+        return torch.stack(rows)
+
+    monkeypatch.setattr(module, "greedy_denoise", greedy)
+    reward_of = {(b, tuple(x["greedy"][b, t].tolist())): float(x["greedy_rewards"][b, t]) for b in range(B) for t in range(T1)}
+    batch = case_batch(x, step_map=x["step_map"], entropy_map=x["entropy_map"])
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
+    ctx.services.score_completions = lambda batch, ids, rows: torch.tensor(
+        [reward_of[(int(r), tuple(i.tolist()))] for i, r in zip(ids, rows)])
+    batch.state = algo.prepare(ctx, batch)
+    assert torch.equal(batch.state.steps, x["eval_time_steps"])  # the reference's entropy-guided choice
+    n_it = algo.inner_iterations
+    batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(n_it)}
+    state = algo.score_frozen(ctx, batch, None, B)
+    batch.state = state if state is not None else batch.state
+    for j in range(n_it):
+        for k, view in zip(algo.slots(j), batch.views[j]):  # the replayed state of every row's step
+            steps = batch.state.steps[:, k]
+            assert torch.equal(view.input_ids[:, P:], x["states"][torch.arange(B), steps])
+    slots = [list(algo.slots(j)) for j in range(n_it)]
+    batch.old_logp = {j: x["old_logp"][s].T.double() for j, s in enumerate(slots)}
+    batch.ref_logp = {j: x["ref_logp"][s].T.double() for j, s in enumerate(slots)}
+    batch.advantages = algo.advantages(ctx, batch)
+    ctx.norms = algo.normalizers(batch)
+    logp = leaf(x, "logp_steps")  # [T, B, Lc]
+    steps = batch.state.steps
+    tables = [completion_hidden(logp[steps[:, k], torch.arange(B)], P, x["completion_ids"])
+              for s in slots for k in s]  # dare's forwards in order: iteration by iteration, slot by slot
+    model = TableModel(tables)
+    total = 0.0
+    for j in range(n_it):
+        current = algo.log_likelihood(ctx, model, batch, batch.views[j])
+        total = total + algo.loss(ctx, batch, current, j)[0]
+    return total, {"logp_steps": logp}

@@ -14,6 +14,7 @@ from tests.algorithms.block_checks import (assert_future_blocks_invisible, asser
                                            brute_force_logp)
 from tests.algorithms.helpers import rl_batch
 from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.test_loss_parity import _hidden, case_batch, estimator_and_loss, leaf, runner
 
 
 def _setup(family="llada", **cfg):
@@ -222,3 +223,15 @@ def test_recipe_defaults():
 
 
 # `dare train` for 2 steps on every supported family: tests/algorithms/test_matrix.py.
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("espo")
+def loss_parity_espo(algo, x, monkeypatch):
+    """ESPO's MC masks (the reference's), main + complement ELBO and sequence-level loss."""
+    from dare.algorithms import espo as module
+    monkeypatch.setattr(module, "stratified_masks", lambda *a, **k: (x["main_masked"], x["counts"]))
+    passes = leaf(x, "logp_passes")  # [MC sample, main / complement, B, Lc]: dare's view order
+    return estimator_and_loss(algo, case_batch(x), {"logp_passes": passes}, _hidden(x, list(passes.flatten(0, 1))))

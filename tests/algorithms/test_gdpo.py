@@ -12,6 +12,7 @@ from dare.trainer import stages
 from dare.trainer.recipe import load_recipe
 from tests.algorithms.helpers import rl_batch
 from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.test_loss_parity import _hidden, case_batch, estimator_and_loss, leaf, runner
 
 
 def _setup(family="llada", **cfg):
@@ -176,3 +177,15 @@ def test_recipe_defaults():
     recipe = load_recipe(ROOT / "recipes/rl/gdpo.yaml")
     assert isinstance(recipe.algorithm, GDPOConfig) and recipe.algorithm.quadrature == "gauss-3"
     assert GDPOConfig().inner_iterations == 12 and GDPOConfig().clip_low == 0.5 and GDPOConfig().beta == 0.0
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("gdpo")
+def loss_parity_gdpo(algo, x, monkeypatch):
+    """GDPO's node masks (the reference's), quadrature ELBO and sequence-level loss."""
+    from dare.algorithms import gdpo as module
+    monkeypatch.setattr(module, "quadrature_masks", lambda *a, **k: x["node_masked"])
+    nodes = leaf(x, "logp_nodes")  # [node, B, Lc]: dare's view order (t ascending, one draw per node)
+    return estimator_and_loss(algo, case_batch(x), {"logp_nodes": nodes}, _hidden(x, list(nodes)))

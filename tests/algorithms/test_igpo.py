@@ -22,6 +22,7 @@ from dare.trainer.loop import Trainer
 from dare.trainer.recipe import load_recipe
 from tests.algorithms.helpers import rl_batch
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
+from tests.algorithms.test_loss_parity import case_batch, leaf, prepared, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -288,3 +289,21 @@ def test_igpo_with_scored_hints_learns_from_frequent_replacements(tmp_path):
                                 "algorithm.score_hints=true",
                                 "algorithm.hint_min_chunk=1", "algorithm.hint_max_chunk=2")
     assert _replaced(run)[0] > 0, rewards
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("igpo")
+def loss_parity_igpo(algo, x, monkeypatch):
+    """IGPO: the hint state (``score_hints``: dare's entropy filter on the reference's old-policy entropies; else no
+    hint position in the loss), the scoring view's targets, and the loss on given per-token log-probs."""
+    from dare.algorithms.igpo import HintState, hint_entropy_filter
+    hint = x["hint_mask"].bool()
+    scored = torch.zeros_like(hint)
+    if algo.config.score_hints:
+        scored = hint_entropy_filter(hint & x["completion_mask"].bool(), x["entropy"], algo.config.hint_entropy_keep)
+    batch = case_batch(x, state=HintState(hint, scored))
+    ctx, _ = prepared(algo, batch)
+    logp = leaf(x, "logp")
+    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}

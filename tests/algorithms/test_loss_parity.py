@@ -59,7 +59,7 @@ def find_runner(case: dict):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def rl_batch(x: dict, **extra) -> RLBatch:
+def case_batch(x: dict, **extra) -> RLBatch:
     """An RL batch from a case's sequence tensors (uid = row index); a case's given advantages are the step's."""
     B = x["completion_ids"].shape[0]
     fields = {k: x[k] for k in ("group", "prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "rewards")
@@ -99,7 +99,7 @@ def leaf(x: dict, name: str) -> torch.Tensor:
 @runner("token_grpo")
 def token_grpo(algo, x, monkeypatch):
     """A loss on given per-token log-probs (d1's clipped GRPO; wd1's advantage weights and loss)."""
-    batch = rl_batch(x)
+    batch = case_batch(x)
     ctx, _ = prepared(algo, batch)
     logp = leaf(x, "logp")
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
@@ -118,104 +118,19 @@ def _hidden(x: dict, per_view: list[torch.Tensor]) -> list[torch.Tensor]:
     return [completion_hidden(v, x["prompt_ids"].shape[1], x["completion_ids"]) for v in per_view]
 
 
-@runner("coupled_grpo")
-def coupled_grpo(algo, x, monkeypatch):
-    """Coupled-GRPO's views (the reference's t and v1 mask), view combination and loss."""
-    from dare.algorithms import coupled_grpo as module
-    monkeypatch.setattr(module, "coupled_masks", lambda *a, **k: (x["v1"], x["t"]))
-    views = leaf(x, "logp_views")  # all masked, t, 1 - t
-    return estimator_and_loss(algo, rl_batch(x), {"logp_views": views}, _hidden(x, list(views)))
-
-
-@runner("spg")
-def spg(algo, x, monkeypatch):
-    """SPG's draws (the reference's prompt / completion masks), bounds and loss."""
-    from dare.algorithms import spg as module
-    J = x["completion_masked"].shape[0]
-    none = torch.full((x["completion_ids"].shape[0],), -1)
-    monkeypatch.setattr(module, "spg_masks", lambda *a, **k: [(x["prompt_masked"][j], x["completion_masked"][j], none)
-                                                             for j in range(J)])
-    draws = leaf(x, "logp_draws")
-    return estimator_and_loss(algo, rl_batch(x), {"logp_draws": draws}, _hidden(x, list(draws)))
-
-
-@runner("espo")
-def espo(algo, x, monkeypatch):
-    """ESPO's MC masks (the reference's), main + complement ELBO and sequence-level loss."""
-    from dare.algorithms import espo as module
-    monkeypatch.setattr(module, "stratified_masks", lambda *a, **k: (x["main_masked"], x["counts"]))
-    passes = leaf(x, "logp_passes")  # [MC sample, main / complement, B, Lc]: dare's view order
-    return estimator_and_loss(algo, rl_batch(x), {"logp_passes": passes}, _hidden(x, list(passes.flatten(0, 1))))
-
-
-@runner("gdpo")
-def gdpo(algo, x, monkeypatch):
-    """GDPO's node masks (the reference's), quadrature ELBO and sequence-level loss."""
-    from dare.algorithms import gdpo as module
-    monkeypatch.setattr(module, "quadrature_masks", lambda *a, **k: x["node_masked"])
-    nodes = leaf(x, "logp_nodes")  # [node, B, Lc]: dare's view order (t ascending, one draw per node)
-    return estimator_and_loss(algo, rl_batch(x), {"logp_nodes": nodes}, _hidden(x, list(nodes)))
-
-
 @runner("replay")
 def replay(algo, x, monkeypatch):
     """Trajectory replay (CJ-GRPO, TraceRL, DiRL): dare's replay plan of the step map, its token weights and loss."""
-    batch = rl_batch(x, step_map=x["step_map"])
+    batch = case_batch(x, step_map=x["step_map"])
     ctx, _ = prepared(algo, batch, int(x["block_size"]) if "block_size" in x else None)
     logp = leaf(x, "logp")
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
 
-@runner("d2_stepmerge")
-def d2_stepmerge(algo, x, monkeypatch):
-    """d2-StepMerge: the segment views of the step map (the reference's prompt mask substituted), each row's view
-    scored with the reference's table of the segment it holds, the loss; the views must be the reference's inputs
-    (its masked prompt and the segment's snapshot)."""
-    from dare.algorithms import d2_stepmerge as module
-    from tests.algorithms.parity_io import MASK_ID
-    monkeypatch.setattr(module, "prompt_masks", lambda *a, **k: x["prompt_input"] == MASK_ID)
-    batch = rl_batch(x, step_map=x["step_map"])
-    ctx, views = prepared(algo, batch)
-    seg = leaf(x, "logp_segments")
-    B, P = x["prompt_ids"].shape
-    rows = torch.arange(B)
-    holds = batch.state.threshold.clamp_max(seg.shape[0] - 1)  # [B, R]: the segment row i's view r replays
-    for r, v in enumerate(views):
-        assert torch.equal(v.input_ids[:, :P], x["prompt_input"])
-        live = v.targets[:, P:].any(1)  # rows whose answer ends early have fewer segments with targets
-        assert torch.equal(v.input_ids[live, P:], x["snapshots"][holds[:, r], rows, P:][live])
-    hidden = [completion_hidden(seg[holds[:, r], rows], P, x["completion_ids"]) for r in range(len(views))]
-    current = algo.log_likelihood(ctx, TableModel(hidden), batch, views)
-    return algo.loss(ctx, batch, current, 0)[0], {"logp_segments": seg}
-
-
-@runner("d2_anyorder")
-def d2_anyorder(algo, x, monkeypatch):
-    """d2-AnyOrder: the one-pass view of the step map -- its attention and positions, put in the reference's decoding
-    order, must be the reference's ``get_logits`` bias and position ids -- scored with the leaf at its queries, the
-    loss."""
-    from types import SimpleNamespace
-    batch = rl_batch(x, step_map=x["step_map"])
-    ctx = StepContext(step=0, seed=0, adapter=SimpleNamespace(**vars(stub_adapter()), shift_logits=False))
-    (view,) = batch.views[0] = corrupt(algo, ctx, batch, 0)
-    ctx.norms = algo.normalizers(batch)
-    B, P = x["prompt_ids"].shape
-    Lc = x["completion_ids"].shape[1]
-    for i in range(B):
-        order = x["decode_order"][i]
-        perm = torch.cat([torch.arange(P), P + order, P + Lc + order])
-        assert torch.equal(view.attention_mask[i, 0][perm][:, perm], x["ref_attend"][i])
-        assert torch.equal(view.position_ids[i][perm], x["ref_position_ids"][i])
-    logp = leaf(x, "logp")
-    current = algo.log_likelihood(ctx, TableModel([completion_hidden(logp, P + Lc, x["completion_ids"])]), batch,
-                                  [view])
-    return algo.loss(ctx, batch, current, 0)[0], {"logp": logp}
-
-
 def _value_prepared(algo, x: dict):
     """TraceRL with its value model, in the loop's order: ``corrupt``, the value model's old values (given: what
     ``score_companions`` computes), the token returns and advantages, the normalisers."""
-    batch = rl_batch(x, step_map=x["step_map"])
+    batch = case_batch(x, step_map=x["step_map"])
     ctx = StepContext(step=0, seed=0, adapter=stub_adapter(int(x["block_size"])))
     batch.views = {0: corrupt(algo, ctx, batch, 0)}
     batch.state = dataclasses.replace(batch.state, old_values=x["old_values"])  # what score_companions gives
@@ -240,111 +155,6 @@ def value_policy(algo, x, monkeypatch):
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 
 
-@runner("mdpo")
-def mdpo(algo, x, monkeypatch):
-    """MDPO's step rewards -> step advantages, top-step selection, per-step views (targets, 1/t, confidence), loss."""
-    from dare.rollout import Trajectory
-    B, S = x["step_rewards"].shape
-    trajectory = Trajectory(x["states"], x["x0"], x["confidence"], torch.full((B,), S), torch.ones(B, S, dtype=torch.bool))
-    batch = rl_batch(x, trajectory=trajectory)
-    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
-    # the case's rewards of every (sample, step) prediction, in the order MDPO asks for them (all steps valid)
-    ctx.services.score_completions = lambda batch, ids, rows: x["step_rewards"].reshape(-1)
-    batch.views = {0: corrupt(algo, ctx, batch, 0)}
-    batch.advantages = algo.advantages(ctx, batch)
-    ctx.norms = algo.normalizers(batch)
-    steps = batch.state.steps  # dare's choice; each slot scores one step
-    logp = leaf(x, "logp_steps")
-    batch.ref_logp = {0: torch.cat([x["ref_logp"][s] for s in steps], dim=1)}
-    current = LogLik(torch.cat([logp[s] for s in steps], dim=1))
-    return algo.loss(ctx, batch, current, 0)[0], {"logp_steps": logp}
-
-
-@runner("egspo")
-def egspo(algo, x, monkeypatch):
-    """EGSPO / EGSPO-SA: the trained steps from the recorded entropies (must be the reference's), the replayed states,
-    the one-step-denoise rewards (the case's greedy completion of each state; the argmax has its own golden test),
-    the advantages, and each iteration's loss from dare's estimator on the embedded leaf."""
-    from dare.algorithms import egspo as module
-    B, T1, Lc = x["states"].shape
-    P = x["prompt_ids"].shape[1]
-
-    def greedy(model, view, completion_length, mask_id):  # the case's x0_hat of each row's state
-        rows = []
-        for ids in view.input_ids:
-            hit = ((x["states"] == ids[P:]).all(-1) & (x["prompt_ids"] == ids[:P]).all(-1)[:, None]).nonzero()
-            assert hit.shape[0] == 1
-            rows.append(x["greedy"][hit[0, 0], hit[0, 1]])
-        return torch.stack(rows)
-
-    monkeypatch.setattr(module, "greedy_denoise", greedy)
-    reward_of = {(b, tuple(x["greedy"][b, t].tolist())): float(x["greedy_rewards"][b, t]) for b in range(B) for t in range(T1)}
-    batch = rl_batch(x, step_map=x["step_map"], entropy_map=x["entropy_map"])
-    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
-    ctx.services.score_completions = lambda batch, ids, rows: torch.tensor(
-        [reward_of[(int(r), tuple(i.tolist()))] for i, r in zip(ids, rows)])
-    batch.state = algo.prepare(ctx, batch)
-    assert torch.equal(batch.state.steps, x["eval_time_steps"])  # the reference's entropy-guided choice
-    n_it = algo.inner_iterations
-    batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(n_it)}
-    state = algo.score_frozen(ctx, batch, None, B)
-    batch.state = state if state is not None else batch.state
-    for j in range(n_it):
-        for k, view in zip(algo.slots(j), batch.views[j]):  # the replayed state of every row's step
-            steps = batch.state.steps[:, k]
-            assert torch.equal(view.input_ids[:, P:], x["states"][torch.arange(B), steps])
-    slots = [list(algo.slots(j)) for j in range(n_it)]
-    batch.old_logp = {j: x["old_logp"][s].T.double() for j, s in enumerate(slots)}
-    batch.ref_logp = {j: x["ref_logp"][s].T.double() for j, s in enumerate(slots)}
-    batch.advantages = algo.advantages(ctx, batch)
-    ctx.norms = algo.normalizers(batch)
-    logp = leaf(x, "logp_steps")  # [T, B, Lc]
-    steps = batch.state.steps
-    tables = [completion_hidden(logp[steps[:, k], torch.arange(B)], P, x["completion_ids"])
-              for s in slots for k in s]  # dare's forwards in order: iteration by iteration, slot by slot
-    model = TableModel(tables)
-    total = 0.0
-    for j in range(n_it):
-        current = algo.log_likelihood(ctx, model, batch, batch.views[j])
-        total = total + algo.loss(ctx, batch, current, j)[0]
-    return total, {"logp_steps": logp}
-
-
-@runner("dtreerpo")
-def dtreerpo(algo, x, monkeypatch):
-    """d-TreeRPO: segment targets (committed in the child, masked in the parent, up to the child's first stop), the
-    given local advantages, self-distillation weights at the case's step, and the loss."""
-    from dare.algorithms.dtreerpo import TreeState, segment_targets
-    from tests.algorithms.parity_io import MASK_ID
-
-    def steps(ids):  # a step map that marks what is written
-        return torch.where(ids != MASK_ID, 0, -1)
-
-    targets = segment_targets(steps(x["completion_ids"]), steps(x["parent_ids"]), x["completion_mask"])
-    B = x["completion_ids"].shape[0]
-    batch = rl_batch(x, state=TreeState(x["parent_ids"], steps(x["parent_ids"]), targets, x["tree_advantages"],
-                                        torch.zeros(B, dtype=torch.long)))
-    ctx = StepContext(step=int(x["global_step"]), seed=0, adapter=stub_adapter())
-    batch.advantages = algo.advantages(ctx, batch)
-    batch.views = {0: corrupt(algo, ctx, batch, 0)}
-    ctx.norms = algo.normalizers(batch)
-    logp = leaf(x, "logp")
-    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
-
-
-@runner("igpo")
-def igpo(algo, x, monkeypatch):
-    """IGPO: the hint state (``score_hints``: dare's entropy filter on the reference's old-policy entropies; else no
-    hint position in the loss), the scoring view's targets, and the loss on given per-token log-probs."""
-    from dare.algorithms.igpo import HintState, hint_entropy_filter
-    hint = x["hint_mask"].bool()
-    scored = torch.zeros_like(hint)
-    if algo.config.score_hints:
-        scored = hint_entropy_filter(hint & x["completion_mask"].bool(), x["entropy"], algo.config.hint_entropy_keep)
-    batch = rl_batch(x, state=HintState(hint, scored))
-    ctx, _ = prepared(algo, batch)
-    logp = leaf(x, "logp")
-    return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}
 class RowTable:
     """A model whose logits for an input row are the table of the sampler state it equals (``rows [B, S, L]``,
     ``tables [B, S, L, V]``), read at ``request.rows`` (d-OPSD's teacher and student passes)."""
@@ -362,38 +172,6 @@ class RowTable:
         if request is not None and request.rows is not None:
             logits = logits.gather(1, request.rows[..., None].expand(-1, -1, logits.shape[-1]))
         return SimpleNamespace(logits=logits)
-
-
-@runner("d_opsd")
-def d_opsd(algo, x, monkeypatch):
-    """d-OPSD: the recorded states (from the step map), chunks, the reference's reveals (substituted), the teacher's
-    top-2 positions and top-k tables (``score_frozen``), the student's log-probs there and the gated loss, every
-    inner iteration's loss summed."""
-    from dare.algorithms import d_opsd as module
-    from tests.algorithms.parity_io import block_logits
-    B, S, L = x["trajectory"].shape
-    P, BL = x["prompt_ids"].shape[1], int(x["block_length"])
-    Lc = L - P
-    revealed = (x["teacher_trajectory"] != x["trajectory"])[:, :, P:]
-    monkeypatch.setattr(module, "reveal_positions",
-                        lambda ctx, uid, step, n, ratio: revealed[uid, step].nonzero().flatten() - (Lc - n))
-    batch = rl_batch(x, step_map=x["step_map"], stop_token_ids=(1,))
-    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
-    ctx.services.rollout_sampler = SimpleNamespace(block_length=BL)
-    batch.state = algo.prepare(ctx, batch)
-    assert batch.state.states.tolist() == x["recorded"].tolist()  # the reference's recorded states
-    batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(algo.inner_iterations)}
-
-    def tables(block, states):
-        return torch.stack([block_logits(block[i], states[i], P, BL, 2) for i in range(B)])
-    teacher = RowTable(x["teacher_trajectory"], tables(x["teacher_logits"], x["teacher_trajectory"]))
-    batch.state = algo.score_frozen(ctx, batch, teacher, 1000)
-    ctx.norms = algo.normalizers(batch)
-    logits = leaf(x, "student_logits")
-    student = RowTable(x["trajectory"], tables(logits, x["trajectory"]))
-    loss = sum(algo.loss(ctx, batch, algo.log_likelihood(ctx, student, batch, batch.views[j]), j)[0]
-               for j in range(algo.inner_iterations))
-    return loss, {"student_logits": logits}
 
 
 # ----------------------------------------------------------------------------------------------------------

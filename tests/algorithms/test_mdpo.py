@@ -11,6 +11,9 @@ from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, plain_services, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
 from tests.trainer.two_processes import register, trajectory_case
+from dare.algorithms import LogLik, StepContext
+from tests.algorithms.parity_io import stub_adapter
+from tests.algorithms.test_loss_parity import case_batch, leaf, runner
 
 
 def test_step_advantage_formula_on_a_hand_made_reward_sequence():
@@ -306,3 +309,26 @@ def test_icfw_two_processes_select_the_same_pool_as_one(two_process_runs, case):
     # the number of ranks -- each rank picks its own top steps, docs/algorithms/mdpo.md -- so later steps differ.)
     a, b = one[0], two[0]
     assert a["reward_mean"] == b["reward_mean"] and a["completion_len"] == b["completion_len"], (a, b)
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("mdpo")
+def loss_parity_mdpo(algo, x, monkeypatch):
+    """MDPO's step rewards -> step advantages, top-step selection, per-step views (targets, 1/t, confidence), loss."""
+    from dare.rollout import Trajectory
+    B, S = x["step_rewards"].shape
+    trajectory = Trajectory(x["states"], x["x0"], x["confidence"], torch.full((B,), S), torch.ones(B, S, dtype=torch.bool))
+    batch = case_batch(x, trajectory=trajectory)
+    ctx = StepContext(step=0, seed=0, adapter=stub_adapter())
+    # the case's rewards of every (sample, step) prediction, in the order MDPO asks for them (all steps valid)
+    ctx.services.score_completions = lambda batch, ids, rows: x["step_rewards"].reshape(-1)
+    batch.views = {0: corrupt(algo, ctx, batch, 0)}
+    batch.advantages = algo.advantages(ctx, batch)
+    ctx.norms = algo.normalizers(batch)
+    steps = batch.state.steps  # dare's choice; each slot scores one step
+    logp = leaf(x, "logp_steps")
+    batch.ref_logp = {0: torch.cat([x["ref_logp"][s] for s in steps], dim=1)}
+    current = LogLik(torch.cat([logp[s] for s in steps], dim=1))
+    return algo.loss(ctx, batch, current, 0)[0], {"logp_steps": logp}

@@ -15,6 +15,7 @@ from tests.algorithms.block_checks import (assert_future_blocks_invisible, asser
 from tests.algorithms.helpers import rl_batch
 # shared tiny `dare train` runners and the autouse one-thread fixture
 from tests.algorithms.toy_task import ROOT, learns_toy_reward, one_thread  # noqa: F401
+from tests.algorithms.test_loss_parity import _hidden, case_batch, estimator_and_loss, leaf, runner
 
 
 def _setup(family="llada", **cfg):
@@ -313,3 +314,18 @@ def test_recipe_defaults():
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_learns_a_toy_reward(tmp_path, family):
     learns_toy_reward(tmp_path, "spg", family, "algorithm.num_t=2", "algorithm.inner_iterations=2")
+
+
+# --- loss parity: dare's side of this method's cases (found by tests/algorithms/test_loss_parity.py) ---
+
+
+@runner("spg")
+def loss_parity_spg(algo, x, monkeypatch):
+    """SPG's draws (the reference's prompt / completion masks), bounds and loss."""
+    from dare.algorithms import spg as module
+    J = x["completion_masked"].shape[0]
+    none = torch.full((x["completion_ids"].shape[0],), -1)
+    monkeypatch.setattr(module, "spg_masks", lambda *a, **k: [(x["prompt_masked"][j], x["completion_masked"][j], none)
+                                                             for j in range(J)])
+    draws = leaf(x, "logp_draws")
+    return estimator_and_loss(algo, case_batch(x), {"logp_draws": draws}, _hidden(x, list(draws)))
