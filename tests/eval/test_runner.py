@@ -185,3 +185,14 @@ def test_samples_per_benchmark_override(tmp_path, tiny_llada, tiny_tok, one_thre
     assert json.loads((tmp_path / "sudoku.meta.json").read_text())["n_samples"] == 3
     with pytest.raises(ValueError, match="n_samples_overrides"):
         RunOptions(n_samples_overrides={"aime24": 0})
+
+
+def test_the_log_line_gives_the_score_in_percent_and_the_fraction_it_comes_from():
+    from dare.eval.benchmarks import get_benchmark
+    from dare.eval.report import summarize
+    from dare.eval.runner import score_line
+    records = [{"id": i, "score": s} for i, s in enumerate([1.0, 0.5, 0.0, 0.14])]
+    line = score_line("sft", summarize(get_benchmark("sudoku"), records, 4))
+    assert line == "sft sudoku: 41.0 % (mean_score 0.410 over 4 examples)"
+    line = score_line("sft", summarize(get_benchmark("gsm8k"), records, 4))
+    assert line == "sft gsm8k: 25.0 % (accuracy 0.250 over 4 examples)"

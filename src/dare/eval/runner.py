@@ -57,6 +57,14 @@ class RunOptions:
         return int(self.n_samples_overrides.get(benchmark, self.n_samples))
 
 
+def score_line(model_name: str, summary: dict) -> str:
+    """The log line of one benchmark: the score in percent, as every dare table prints it, with the fraction it comes
+    from (``mean_score`` 0.410 is the score 41.0 of a partial-credit benchmark; ``accuracy`` 0.120 is 12.0)."""
+    metric = summary["metric"]
+    return (f"{model_name} {summary['benchmark']}: {summary['score']:.1f} % ({metric} {summary[metric]:.3f} over "
+            f"{summary['n_examples']} examples)")
+
+
 def sampler_for(bench: Benchmark, base: SamplerConfig, overrides: dict) -> SamplerConfig:
     extra = overrides.get(bench.name) or {}
     if not extra:
@@ -153,7 +161,6 @@ def evaluate(model, tokenizer, benchmarks="all", sampler_config: Optional[Sample
     for bench in resolve_benchmarks(benchmarks):
         summary = run_benchmark(model, tokenizer, bench, cfg, opt, out, model_name)
         results["benchmarks"][bench.name] = summary
-        log.info("%s %s: %.1f (%s over %d examples)", model_name, bench.name, summary["score"], summary["metric"],
-                 summary["n_examples"])
+        log.info("%s", score_line(model_name, summary))
     write_results(results, out)
     return results
