@@ -102,3 +102,31 @@ def test_cost_fields_are_marked_and_a_redeclared_default_keeps_its_mark():
     assert cost_knobs(ALGORITHMS["bgpo"].config_class, "mc_samples") == {"num_mc": "mc_samples"}
     with pytest.raises(ValueError, match="cost kind must be one of"):
         cost(4, "forwards")
+
+
+def test_a_batch_is_built_from_a_rollout_and_takes_rows_of_another():
+    """``RLBatch.from_rollout`` maps a rollout's fields by name; ``take_row`` swaps in another try of the same prompt
+    (IGPO's hinted round, d-OPSD's pass@k) with everything that belongs to the completion, and nothing else."""
+    import torch
+
+    from dare.algorithms import RLBatch
+    from dare.rollout.result import Rollout
+
+    def rollout(fill: int) -> Rollout:
+        N, P, G = 2, 3, 4
+        comp = torch.full((N, G), fill)
+        return Rollout(sequences=torch.cat([torch.ones(N, P, dtype=torch.long), comp], 1),
+                       attention_mask=torch.ones(N, P + G, dtype=torch.long), prompt_length=P, completion_ids=comp,
+                       completion_mask=torch.ones(N, G, dtype=torch.long), step_map=torch.full((N, G), fill),
+                       nfe=7, prompt_index=torch.zeros(N, dtype=torch.long), entropy_map=torch.full((N, G), float(fill)),
+                       stop_token_ids=(2,))
+    first, second = rollout(5), rollout(9)
+    batch = RLBatch.from_rollout(first, uid=torch.tensor([10, 11]), group=torch.tensor([1, 1]),
+                                 rewards=torch.zeros(2), examples=[{"a": 0}, {"a": 1}], completions=["x", "y"])
+    assert batch.completion_mask.dtype == torch.bool and batch.prompt_mask.dtype == torch.bool
+    assert batch.nfe == 7 and batch.stop_token_ids == (2,) and torch.equal(batch.step_map, first.step_map)
+    batch.take_row(1, second, 0, torch.tensor(1.0), {"a": 9}, "z")
+    assert batch.completion_ids.tolist() == [[5] * 4, [9] * 4] and batch.step_map[1].tolist() == [9] * 4
+    assert batch.entropy_map[1].tolist() == [9.0] * 4 and batch.rewards.tolist() == [0.0, 1.0]
+    assert batch.examples == [{"a": 0}, {"a": 9}] and batch.completions == ["x", "z"]
+    assert batch.uid.tolist() == [10, 11] and batch.group.tolist() == [1, 1]

@@ -187,6 +187,36 @@ class RLBatch(Rows):
             return torch.ones(self.size, device=self.uid.device)
         return self.advantages.active
 
+    @classmethod
+    def from_rollout(cls, ro, uid: torch.Tensor, group: torch.Tensor, rewards: torch.Tensor,
+                     examples: Optional[list] = None, completions: Optional[list] = None) -> "RLBatch":
+        """Stages (1)-(2)'s batch from a finished ``dare.rollout.Rollout``: the rollout's fields under the same names
+        (masks as bool), with the samples' ids, prompt groups, rewards and, optionally, data rows and texts."""
+        return cls(uid=uid, group=group, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask.bool(),
+                   completion_ids=ro.completion_ids, completion_mask=ro.completion_mask.bool(), rewards=rewards,
+                   step_map=ro.step_map, entropy_map=ro.entropy_map, trajectory=ro.trajectory, examples=examples,
+                   completions=completions, stop_token_ids=ro.stop_token_ids, nfe=ro.nfe)
+
+    def take_row(self, slot: int, ro, src: int, reward, example: Optional[dict] = None,
+                 completion: Optional[str] = None) -> None:
+        """Row ``slot`` becomes completion ``src`` of the rollout ``ro`` of the same prompt (another try: IGPO's hinted
+        round, d-OPSD's pass@k): its tokens, mask, step and entropy maps, reward, data row and text; its uid and
+        group stay. A recorded trajectory cannot follow (the methods that swap rows refuse them)."""
+        if self.trajectory is not None:
+            raise ValueError("a batch with a recorded trajectory cannot take a row of another rollout")
+        dev = self.completion_ids.device
+        self.completion_ids[slot] = ro.completion_ids[src].to(dev)
+        self.completion_mask[slot] = ro.completion_mask[src].to(dev).bool()
+        self.rewards[slot] = torch.as_tensor(reward).to(self.rewards.device, self.rewards.dtype)
+        for name in ("step_map", "entropy_map"):
+            mine, theirs = getattr(self, name), getattr(ro, name)
+            if mine is not None and theirs is not None:
+                mine[slot] = theirs[src].to(mine.device)
+        if self.examples is not None and example is not None:
+            self.examples[slot] = example
+        if self.completions is not None and completion is not None:
+            self.completions[slot] = completion
+
 
 # What the prepare and advantage stages store on any batch (the same names as RLBatch's fields).
 STAGE_FIELDS = ("state", "views", "ref_views", "old_logp", "ref_logp", "advantages")

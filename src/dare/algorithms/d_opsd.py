@@ -448,9 +448,5 @@ def retry_until_correct(cfg: DOPSDConfig, ctx: StepContext, model, batch: RLBatc
             better = rewards >= batch.rewards[todo]  # the best so far, the latest among equals
             for n, i in enumerate(todo.tolist()):
                 if bool(better[n]):
-                    batch.completion_ids[i] = ro.completion_ids[n]
-                    batch.completion_mask[i] = ro.completion_mask[n].bool()
-                    batch.step_map[i] = ro.step_map[n]
-                    batch.rewards[i] = rewards[n]
-                    batch.examples[i], batch.completions[i] = ex[n], texts[n]
+                    batch.take_row(i, ro, n, rewards[n], ex[n], texts[n])
     return tries

@@ -195,25 +195,12 @@ class IGPO(GRPOAlgorithm):
                 pick = torch.randperm(cand.numel(), generator=keyed_generator(ctx.seed, "igpo-pick", ctx.step, uids[j]))
                 cand = cand[pick[:cfg.max_replacements]]
             for slot, src in zip(rows_of[uids[j]].tolist(), cand.tolist()):  # the group's first rollouts are replaced
-                self._replace(batch, slot, ro, src, rewards[src], examples[src], texts[src], dev)
+                batch.take_row(slot, ro, src, rewards[src], examples[src], texts[src])
                 hint[slot] = ro.hint_mask[src].to(dev)
                 counts["igpo_replaced"] += 1.0
         if ro.completion_ids.shape[1] != Lc:
             raise RuntimeError(f"hinted rollouts have {ro.completion_ids.shape[1]} positions, the batch {Lc}")
         return counts
-
-    @staticmethod
-    def _replace(batch: RLBatch, slot: int, ro, src: int, reward, example: dict, text: str, dev) -> None:
-        """Row ``slot`` of the batch becomes hinted rollout ``src`` (same prompt, uid and group)."""
-        batch.completion_ids[slot] = ro.completion_ids[src].to(dev)
-        batch.completion_mask[slot] = ro.completion_mask[src].to(dev).bool()
-        batch.rewards[slot] = reward.to(batch.rewards.device, batch.rewards.dtype)
-        if batch.step_map is not None:
-            batch.step_map[slot] = ro.step_map[src].to(batch.step_map.device)
-        if batch.examples is not None:
-            batch.examples[slot] = example
-        if batch.completions is not None:
-            batch.completions[slot] = text
 
     def _entropy_filtered(self, ctx: StepContext, model, batch: RLBatch, hint: torch.Tensor) -> torch.Tensor:
         """``score_hints``: the hint positions the reference keeps in the loss, by the rollout policy's entropies of

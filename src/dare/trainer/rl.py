@@ -303,10 +303,6 @@ class RolloutStage:
         dev = ro.completion_ids.device
         group = prompts["uid"].cpu()[prompt_of]
         sample = ro.sample_index.cpu() if ro.sample_index is not None else torch.arange(len(prompt_of)) % self.group
-        batch = RLBatch(uid=(group * self.group + sample).long(), group=group, prompt_ids=ro.prompt_ids,
-                        prompt_mask=ro.prompt_mask.bool(), completion_ids=ro.completion_ids,
-                        completion_mask=ro.completion_mask.bool(), rewards=rewards.to(dev), step_map=ro.step_map,
-                        entropy_map=ro.entropy_map,
-                        trajectory=ro.trajectory, examples=examples, completions=texts,
-                        stop_token_ids=ro.stop_token_ids, nfe=ro.nfe)
+        batch = RLBatch.from_rollout(ro, uid=(group * self.group + sample).long(), group=group,
+                                     rewards=rewards.to(dev), examples=examples, completions=texts)
         return batch, self.metrics(rewards, ro.completion_mask, ro.nfe, t1 - t0, t2 - t1)
