@@ -84,6 +84,31 @@ def test_planned_flops_equal_the_whole_step_on_real_tensors(recipe, mu):
     assert flops(planned) == pytest.approx(flops(whole), rel=1e-3) and set(flops(whole)) == {"score", "update"}
 
 
+@pytest.mark.integration  # two plans each (about 20 s)
+@pytest.mark.parametrize("recipe,knob,off,on", [("recipes/rl/d_opsd.yaml", "passk", 1, 4),
+                                                ("recipes/rl/mdpo.yaml", "icfw", "false", "true")])
+def test_a_methods_other_decodes_are_planned_through_the_service(recipe, knob, off, on):
+    """d-OPSD's pass@k retries and MDPO's ICFW curation decode through ``ctx.services.generate``; the planner serves
+    it as it serves the group rollout (first steps probed, full-length completions handed back) and adds their rows'
+    share of the decode's FLOPs, saying so. Planned rewards alternate 0 / 1 within a group: pass@4 retries half the
+    rows, then a quarter, then an eighth."""
+    over = ["train.batch_size=4", "algorithm.inner_iterations=1"] + (
+        ["rollout.sampler.record_trajectory=true"] if "mdpo" in recipe else ["algorithm.correct_reward=1.0"])
+    base = plan_recipe(load_recipe(ROOT / recipe, over + [f"algorithm.{knob}={off}"]), PlanOptions(gpus=2))
+    more = plan_recipe(load_recipe(ROOT / recipe, over + [f"algorithm.{knob}={on}"]), PlanOptions(gpus=2))
+    assert base.error is None and more.error is None, (base.error, more.error)
+    rollout = lambda p: next(ph.flops for ph in p.phases if ph.name == "rollout")
+    said = [a for a in more.assumptions if a.startswith("rollout: the method's other decodes")]
+    assert len(said) == 1 and not any("other decodes" in a for a in base.assumptions)
+    import re
+    extra, handed = map(int, re.search(r"counted as (\d+) rows beside the group rollout's (\d+);", said[0]).groups())
+    assert rollout(more) == pytest.approx(rollout(base) * (1 + extra / handed), rel=1e-9)
+    if knob == "passk":
+        assert extra == handed // 2 + handed // 4 + handed // 8
+    else:  # every prompt of the step's share decoded once
+        assert extra == handed // load_recipe(ROOT / recipe).rollout.group_size
+
+
 def test_verdict_names_the_phase_and_the_knobs():
     from dare.plan.report import table, verdict
     r = load_recipe(ROOT / "recipes/d1_tiny.yaml")

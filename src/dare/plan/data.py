@@ -4,6 +4,7 @@ Shapes are the largest a recipe allows (every SFT row full, every completion ``g
 are arbitrary non-special ids, rewards alternate within a group so no group is filtered for zero variance."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from types import SimpleNamespace
 
@@ -133,6 +134,8 @@ class SimulatedRollout(RolloutStage):
         self.decode_share = 1.0  # the decode's row-steps over the probed width's (a tree's trunk is shared)
         self.tree_prompts = 0  # prompts a simulated tree rollout has handed out so far
         self.step_share = 1.0  # a later decoding step's FLOPs over the probed one's (a widened one-token block)
+        self.handed_rows = 0  # rows of the group rollout handed to the loop (``decode``)
+        self.extra_rows = 0  # rows of the other decodes a method asked for (``generate``: pass@k, ICFW)
 
     def _probe_config(self, sampler):
         # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
@@ -155,10 +158,29 @@ class SimulatedRollout(RolloutStage):
         start, stop = rollout_share(len(seeds), self.env.sequence_group())  # a sequence-parallel group splits them
         self._probe(prompts["prompt_tokens"][start:stop], seeds[start:stop], model, sampler, self.group)
         with real_data():
-            return self._completed(prompts, model, sampler)
+            out = self._completed(prompts, model, sampler)
+        self.handed_rows += out.completion_ids.shape[0]
+        return out
 
-    def _probe(self, prompt_tokens, seeds, model, sampler, width: int):
-        """The decode's first steps on one ``rollout.micro_batch_size`` chunk, ``width`` rows per prompt."""
+    def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None):
+        """Another decode a method asks for (``Services.generate``: d-OPSD's pass@k retries, MDPO's ICFW curation):
+        its first steps run at the requested width for the peak (not recorded as the rollout's probe), its rows are
+        counted as extra rows of the step's decode (``extra_rows``: the planner adds their share of the rollout's
+        FLOPs), and every row gets a full-length completion, as ``decode``'s."""
+        if torch.is_tensor(prompt_tokens):  # left-padded ids + mask (a batch's prompts)
+            mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(prompt_tokens, dtype=torch.bool)
+            with real_data():
+                prompt_tokens = [row[m].tolist() for row, m in zip(prompt_tokens, mask)]
+        rows = list(prompt_tokens)
+        if rows and not model.adapter.is_encoder_decoder:
+            self._probe(rows, list(seeds), model, sampler, n, record=False)
+        self.extra_rows += len(rows) * n
+        with real_data():
+            return self._completed({"prompt_tokens": rows}, model, sampler, len(rows), n)
+
+    def _probe(self, prompt_tokens, seeds, model, sampler, width: int, record: bool = True):
+        """The decode's first steps on one ``rollout.micro_batch_size`` chunk, ``width`` rows per prompt (``record``:
+        as the rollout's probe, whose FLOPs the planner scales to the whole decode)."""
         from ..collectives import gathered_for_inference
         from ..rollout import generate
         chunk = min(self.recipe.rollout.micro_batch_size or len(seeds), len(seeds))
@@ -170,7 +192,7 @@ class SimulatedRollout(RolloutStage):
             probe, steps, self.step_share = _with_steps_per_block(probe, model.adapter)
         with gathered_for_inference(model):
             for n_steps in steps:
-                with self.on_probe(n_steps):
+                with self.on_probe(n_steps) if record else contextlib.nullcontext():
                     generate(model, prompt_tokens[:chunk], probe, n=width, seeds=seeds[:chunk], until_step=n_steps)
 
     def decode_tree(self, prompt_tokens, seeds, model, sampler, branching, cut_steps):

@@ -429,6 +429,10 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
         except Exception as e:  # a stage the simulation cannot run: say which and why, keep what was measured
             plan.error = f"{meter.current or 'step'}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         if sim is not None:
+            if rollout is not None and rollout.extra_rows:
+                sim.assume(f"rollout: the method's other decodes (pass@k retries, ICFW curation) counted as "
+                           f"{rollout.extra_rows} rows beside the group rollout's {rollout.handed_rows}; how many follows "
+                           "the planned rewards, which alternate 0 / 1 within a group")
             plan.assumptions = dict(sim.assumptions)
     for name_ in PHASES:
         res = meter.results.get(name_)
@@ -440,8 +444,11 @@ def plan_recipe(recipe, options: Optional[PlanOptions] = None, name: str = "") -
             start, stop = rollout_share(planned.train.batch_size // env.dp_size, env.sequence_group())
             chunk = planned.rollout.micro_batch_size or (stop - start)
             chunks = math.ceil((stop - start) / chunk)
+            # Decodes a method asked for besides the group rollout (pass@k retries, ICFW curation: ``generate``)
+            # cost their rows' share of it.
+            extra = rollout.extra_rows / rollout.handed_rows if rollout.handed_rows else 0.0
             res.flops = chunks * decode_flops(f1, f2, planned.rollout.sampler, model.adapter, opts.prompt_length) \
-                * rollout.decode_share
+                * rollout.decode_share * (1.0 + extra)
             res.kv_cache_bytes = meter.kv_bytes
             res.seconds = res.flops / (opts.rollout_mfu * gpu.bf16_flops)
         else:
