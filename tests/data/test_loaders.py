@@ -185,7 +185,7 @@ def test_known_bad_rows_of_bundled_math_train_are_dropped_not_fatal(caplog):
 
 
 def test_config_and_source_errors(tmp_path):
-    with pytest.raises(ValueError, match="exactly one of name, path, hf or mix"):
+    with pytest.raises(ValueError, match="exactly one of name, path, hf, loader or mix"):
         DataConfig(name="gsm8k", path="x.jsonl")
     with pytest.raises(ValueError, match="unknown dataset 'gsm9k'"):
         load_examples(DataConfig(name="gsm9k"))
