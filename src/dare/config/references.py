@@ -44,11 +44,17 @@ def _split(ref: str) -> tuple[str, str, bool]:
 
 def absolute(ref: str) -> str:
     """The same reference from any working directory: a file made absolute; a module that is only importable as a
-    file of the working directory named by that file."""
+    file of the working directory named by that file. Kept per (reference, working directory): a reward looks its
+    function up for every scored completion, and resolving touches the file system."""
+    return _absolute(ref, os.getcwd())
+
+
+@functools.lru_cache(maxsize=None)
+def _absolute(ref: str, cwd: str) -> str:
     target, attr, is_file = _split(ref)
     if is_file:
-        return f"{Path(target).expanduser().resolve()}:{attr}"
-    local = Path.cwd() / (target.replace(".", os.sep) + ".py")
+        return f"{(Path(cwd) / Path(target).expanduser()).resolve()}:{attr}"
+    local = Path(cwd) / (target.replace(".", os.sep) + ".py")
     if importlib.util.find_spec(target.split(".")[0]) is None and local.is_file():
         return f"{local.resolve()}:{attr}"
     return ref
