@@ -115,7 +115,7 @@ def test_a_dataset_loader_by_reference(user_dir):
 
 
 def test_tiny_sizes_null_is_no_sizes():
-    recipe = load_recipe(ROOT / "recipes/rl/coupled_grpo.yaml", ["model.tiny_sizes=null"])
+    recipe = load_recipe(ROOT / "recipes/rl/coupled_grpo.yaml", ["model.path=tiny:llada", "model.tiny_sizes=null"])
     assert recipe.model.tiny_sizes is None
 
 
@@ -127,7 +127,9 @@ def test_dare_train_uses_a_reward_file_and_a_loader_file_from_the_folder_it_runs
     cmd = [sys.executable, "-m", "dare.cli", "train", str(ROOT / "recipes/rl/coupled_grpo.yaml"),
            "reward.name=./my_rewards.py:score", "reward.workers=1",
            "data.dataset={loader: ./my_data.py:load, template: compact, limit: 8, shuffle_seed: 0}",
-           "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2", "train.save_every=0",
+           # the recipe's checkpoint path is relative to the repository root (where the README runs dare); this
+           # test runs in another folder
+           f"model.path={ROOT / 'src/dare/assets/quickstart/lazy-sudoku-llada-sft'}", "train.steps=2", "train.save_every=0",
            "train.export=false", f"train.output_dir={out}", "logging.progress=false", "logging.tensorboard=false",
            "logging.plot=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}

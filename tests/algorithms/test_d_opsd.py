@@ -385,8 +385,9 @@ def test_learns_to_match_its_self_future_teacher(tmp_path, family):
     from dare.trainer.loop import Trainer
     from dare.trainer.recipe import load_recipe
     from tests.algorithms.toy_task import ROOT, single_thread
+    from tests.tiny_rl import tiny_random
     recipe = load_recipe(ROOT / "recipes/rl/d_opsd.yaml", [
-        f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
+        *tiny_random("recipes/rl/d_opsd.yaml", family), "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
         "rollout.group_size=8", f"rollout.sampler={TOY_SAMPLER}", "reward.name=mc_test_sevens", "reward.workers=0",
         "data.dataset.limit=64", f"train.output_dir={tmp_path}", "optim.lr=3e-3", "optim.weight_decay=0.0",
         "train.export=false", "train.save_every=0", "logging.progress=false", "logging.tensorboard=false",

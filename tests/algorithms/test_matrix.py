@@ -24,6 +24,7 @@ from dare.trainer.loop import Trainer
 from tests.algorithms.helpers import rl_batch
 from tests.algorithms.toy_task import one_thread, single_thread  # noqa: F401  (autouse fixture; registers the toy reward)
 from tests.threads import TEST_THREADS
+from tests.tiny_rl import tiny_random
 
 ROOT = Path(__file__).resolve().parents[2]
 load_builtin_algorithms()
@@ -72,7 +73,8 @@ def _accepts_one_block(recipe, family: str) -> bool:
 def run_cell(tmp_path, name: str, family: str):
     """``dare train`` of the algorithm's tiny recipe on ``tiny:<family>`` for 2 steps; returns the metric history."""
     cls = ALGORITHMS[name]
-    overrides = [f"model.path=tiny:{family}", "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2",
+    overrides = [*tiny_random(tiny_recipe(name), family), f"model.path=tiny:{family}",
+                 "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=2",
                  "train.batch_size=2", "train.micro_batch_size=4", f"train.output_dir={tmp_path}", "train.resume=never",
                  "train.export=false", "train.save_every=0", "logging.progress=false", "logging.tensorboard=false",
                  "logging.plot=false"]

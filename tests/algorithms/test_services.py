@@ -61,7 +61,9 @@ def test_every_collect_hook_takes_the_context_prompts_and_model():
 def test_the_trainer_fills_every_service_of_an_rl_run(tmp_path):
     from dare.trainer.loop import Trainer
     from dare.trainer.recipe import load_recipe
+    from tests.tiny_rl import tiny_random
     recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes/rl/coupled_grpo.yaml", [
+        *tiny_random("recipes/rl/coupled_grpo.yaml"),
         "model.tiny_sizes={hidden_size: 32, num_layers: 1}", "train.steps=1", f"train.output_dir={tmp_path}",
         "train.export=false", "logging.progress=false", "logging.tensorboard=false", "logging.plot=false"])
     tr = Trainer(recipe)

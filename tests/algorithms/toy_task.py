@@ -15,6 +15,7 @@ from dare.trainer.loop import Trainer
 from dare.trainer.recipe import load_recipe
 from tests.algorithms.helpers import is_block_family
 from tests.threads import TEST_THREADS
+from tests.tiny_rl import tiny_random
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,8 +53,9 @@ def learns_toy_reward(tmp_path, name, family, *overrides, recipe=None, sampler=N
     Returns the per-step mean rewards."""
     block = 4 if is_block_family(family) else 8
     sampler = sampler or f"{{gen_length: 8, block_length: {block}, steps: 8, temperature: 1.0}}"
-    recipe = load_recipe(ROOT / (recipe or f"recipes/rl/{name}.yaml"), [
-        f"model.path=tiny:{family}", "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
+    recipe = recipe or f"recipes/rl/{name}.yaml"
+    recipe = load_recipe(ROOT / recipe, [
+        *tiny_random(recipe, family), "train.steps=15", "train.batch_size=4", "train.micro_batch_size=16",
         "rollout.group_size=8", f"rollout.sampler={sampler}",
         "reward.name=mc_test_sevens", "reward.workers=0", "data.dataset.limit=64", f"train.output_dir={tmp_path}",
         "optim.lr=3e-3", "optim.weight_decay=0.0", "train.export=false", "train.save_every=0",

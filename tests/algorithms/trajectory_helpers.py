@@ -90,8 +90,9 @@ def run_recipe(tmp_path, algo: str, family: str, *overrides, steps: int = 2):
     from dare.trainer.loop import Trainer
     _register_toy_reward()
     root = Path(__file__).resolve().parents[2]
+    from tests.tiny_rl import tiny_random
     recipe = load_recipe(root / f"recipes/rl/{algo}.yaml", [
-        f"model.path=tiny:{family}", f"train.output_dir={tmp_path}", f"train.steps={steps}", "train.resume=never",
+        *tiny_random(f"recipes/rl/{algo}.yaml", family), f"train.output_dir={tmp_path}", f"train.steps={steps}", "train.resume=never",
         "train.save_every=0", "train.export=false", "logging.progress=false", "logging.tensorboard=false",
         "logging.plot=false", "reward.name=traj_sevens", "reward.workers=0", "train.batch_size=2",
         "rollout.group_size=2", "data.dataset={name: sudoku, template: compact, limit: 8, shuffle_seed: 0}",

@@ -9,6 +9,7 @@ which counts, per rank, the scoring calls that ran sharded and the prompts decod
 import pytest
 
 from tests.trainer.helpers import TOY_PREF, TOY_SFT
+from tests.tiny_rl import tiny_random
 from tests.trainer.two_processes import Case, register
 
 # float64: the group splits its prompts for decoding (each rank decodes half, then they exchange rollouts), i.e.
@@ -26,7 +27,7 @@ _CASES = {
     "lora_sft_llada": ("recipes/lora_sft_tiny.yaml", (f"data.pairs={TOY_SFT}", "train.steps=2", F64)),
     "d1_llada": ("recipes/d1_tiny.yaml", RL + ("algorithm.inner_iterations=2",
                                                "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0}")),
-    "tracerl_value_sdar": ("recipes/rl/tracerl_with_value.yaml", RL),
+    "tracerl_value_sdar": ("recipes/rl/tracerl_with_value.yaml", (*tiny_random("recipes/rl/tracerl_with_value.yaml"), *RL)),
     "d1_diffusion_gemma": ("recipes/diffusion_gemma/rl_tiny.yaml", RL + ("train.batch_size=2", "reward.name=test_distinct",
                                                                        "rollout.sampler.gen_length=8")),
 }

@@ -62,7 +62,8 @@ def register(cases: dict[str, Case]) -> list[str]:
 
 def trajectory_case(algo: str, *overrides: str) -> Case:
     """``recipes/rl/<algo>.yaml`` on the trajectory methods' toy reward and data."""
-    return Case(f"recipes/rl/{algo}.yaml", (*TRAJECTORY, *overrides))
+    from tests.tiny_rl import tiny_random
+    return Case(f"recipes/rl/{algo}.yaml", (*tiny_random(f"recipes/rl/{algo}.yaml"), *TRAJECTORY, *overrides))
 
 
 def recipe_overrides(case: Case, two: bool, out: Path) -> list[str]:
