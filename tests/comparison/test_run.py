@@ -47,7 +47,7 @@ def test_learning_verdict_and_table():
     res = {"llada": {"baseline": {"sudoku": {"mean_score": 0.4, "accuracy": 0.0}}, "anchor": "coupled_grpo",
                      "runs": {"coupled_grpo": [run(0.6, 0), run(0.62, 1)], "spg": [run(0.41, 0), run(0.39, 1)]}}}
     table = compare_table(res, "sudoku")
-    assert "| coupled_grpo (default) | 2 | 24 x 16 | 0.0001 | 0.2 | 1 | - |" in table and "+0.210 | yes |" in table and "+0.000 | no |" in table
+    assert "| coupled_grpo (default) | 2 | 24 x 16 | 0.0001 | 0.2 | 1 | - |" in table and "+21.0 | yes |" in table and "+0.0 | no |" in table
 
 
 def test_compare_plan_follows_the_registry_and_supports():

@@ -105,7 +105,7 @@ def test_short_quickstart_writes_the_run_folder(tmp_path):
     assert (run / "quickstart.png").stat().st_size > 10_000
     table = (run / "results.md").read_text()
     assert "SFT (baseline)" in table and "coupled_grpo" in table and "lazy demonstrator" in table
-    assert "sampled mean reward (k=2)" in table and "pass@2" in table
+    assert "sampled score (k=2, %)" in table and "pass@2 (%)" in table
     sampled = summary["before"]["sudoku"]["sampled"]
     assert sampled["k"] == 2 and sampled["n_examples"] == 8 and sampled["best_of_k_mean"] >= sampled["mean_score"]
     before, after = summary["before"]["sudoku"]["mean_score"], summary["after"]["sudoku"]["mean_score"]

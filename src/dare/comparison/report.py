@@ -115,12 +115,12 @@ def _pct(x: Optional[float]) -> str:
 def render_table(data: dict) -> str:
     """The Markdown table of the comparison (per family the SFT baseline, then one row per method) from its data."""
     bench = data["benchmark"]
-    head = ["model", "method", "mu", "steps x prompts", "lr", "clip", "temp.", "LoRA r", f"held-out {bench} mean reward",
-            "change vs SFT", "learns", "solved (%)", "seeds", "train reward first -> last", "min / run"]
+    head = ["model", "method", "mu", "steps x prompts", "lr", "clip", "temp.", "LoRA r", f"held-out {bench} score (%)",
+            "change vs SFT (points)", "learns", "solved (%)", "seeds", "train reward first -> last", "min / run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|"]
     for fam in data["families"]:
         family, base = fam["family"], fam["baseline"]
-        lines.append(f"| {family} | SFT baseline | | | | | | | {base['mean_score']:.3f} | | | {_pct(base['accuracy'])} "
+        lines.append(f"| {family} | SFT baseline | | | | | | | {_pct(base['mean_score'])} | | | {_pct(base['accuracy'])} "
                      f"| - | | |")
         anchor = next((e for e in fam["methods"] if e["algorithm"] == fam.get("anchor")), None)
         anchor_gain = anchor["change"] if anchor else None
@@ -133,7 +133,7 @@ def render_table(data: dict) -> str:
                      f"{st['steps']} x {st['prompts_per_step']}" if "steps" in st else str(e.get("steps", "-")),
                      f"{st['lr']:.3g}" if "lr" in st else "-", "-" if clip is None else f"{clip:g}",
                      f"{st['temperature']:g}" if "temperature" in st else "-", str(st.get("lora") or "-"),
-                     f"{e['mean']:.3f} ± {e['spread']:.3f}", f"{e['change']:+.3f}",
+                     f"{100 * e['mean']:.1f} ± {100 * e['spread']:.1f}", f"{100 * e['change']:+.1f}",
                      learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"]), _pct(e["solved"]),
                      str(e["seeds"]), f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-",
                      f"{e['minutes_per_run']:.1f}"]
@@ -189,11 +189,11 @@ def compare_plot(out: Path, results: dict, bench: str, window: int = 5) -> Optio
             held, sd = mean_spread([r["after"][bench]["mean_score"] for r in runs])
             color = cmap(i % 20)
             ax.plot(x, mean, lw=1.6, color=color, marker="o" if n < 12 else None, ms=3,
-                    label=f"{algo} (held-out {held:.3f} ± {sd:.3f})")
+                    label=f"{algo} (held-out {100 * held:.1f} ± {100 * sd:.1f} %)")
             if len(per_seed) > 1:
                 ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
         base = res["baseline"][bench]["mean_score"]
-        ax.axhline(base, color="k", ls="--", lw=1, label=f"SFT baseline held-out {base:.3f}")
+        ax.axhline(base, color="k", ls="--", lw=1, label=f"SFT baseline (held-out {100 * base:.1f} %)")
         ax.set_title(f"{family}: RL training reward (moving avg {window}; mean and min-max over seeds)", fontsize=10)
         ax.set_xlabel("optimizer updates (every method: the same updates and rollouts)")
         ax.set_ylabel(f"{bench} reward (sampled rollouts)")

@@ -12,17 +12,17 @@ def _pct(x: Optional[float]) -> str:
 
 
 def quickstart_table(rows: list[dict], settings: dict) -> str:
-    """Markdown: one row per model; per benchmark the greedy mean reward (the headline) and fraction fully solved,
-    and, when the evaluation also sampled k completions per example at the rollout temperature, their mean reward,
-    best-of-k mean and pass@k; a last row with the change."""
+    """Markdown: one row per model; per benchmark the greedy score (the headline: mean reward in percent, the scale
+    ``dare eval`` prints) and the share fully solved, and, when the evaluation also sampled k completions per example
+    at the rollout temperature, their score, best-of-k score and pass@k; a last row with the change in points."""
     benches = list(settings["benchmarks"])
     sampled = any("sampled" in r["results"].get(b, {}) for r in rows for b in benches)
     head = ["model"]
     for b in benches:
-        head += [f"{b} greedy mean reward", "greedy solved (%)"]
+        head += [f"{b} greedy score (%)", "greedy solved (%)"]
         if sampled:
             k = next(r["results"][b]["sampled"]["k"] for r in rows if "sampled" in r["results"].get(b, {}))
-            head += [f"sampled mean reward (k={k})", f"best-of-{k} mean reward", f"pass@{k} (%)"]
+            head += [f"sampled score (k={k}, %)", f"best-of-{k} score (%)", f"pass@{k} (%)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
 
     def cells_of(res: dict) -> list[Optional[float]]:
@@ -35,15 +35,11 @@ def quickstart_table(rows: list[dict], settings: dict) -> str:
                 out += [sm.get("mean_score"), sm.get("best_of_k_mean"), sm.get("pass_at_k")]
         return out
 
-    pct = {i for i, h in enumerate(head[1:]) if "(%)" in h}
     for r in rows:
-        vals = cells_of(r["results"])
-        lines.append("| " + " | ".join([r["model"]] + [_pct(v) if i in pct else ("-" if v is None else f"{v:.3f}")
-                                                        for i, v in enumerate(vals)]) + " |")
+        lines.append("| " + " | ".join([r["model"]] + [_pct(v) for v in cells_of(r["results"])]) + " |")
     if len(rows) == 2:
         a, z = cells_of(rows[0]["results"]), cells_of(rows[1]["results"])
-        diff = ["-" if x is None or y is None else (f"{100 * (y - x):+.1f}" if i in pct else f"{y - x:+.3f}")
-                for i, (x, y) in enumerate(zip(a, z))]
+        diff = ["-" if x is None or y is None else f"{100 * (y - x):+.1f}" for x, y in zip(a, z)]
         lines.append("| " + " | ".join(["change"] + diff) + " |")
     n = settings.get("limit")
     sampler = settings.get("sampler", {})
@@ -55,8 +51,9 @@ def quickstart_table(rows: list[dict], settings: dict) -> str:
         ns = settings.get("sample_limit")
         note += (f" Sampled: the RL rollout's sampler ({rs.get('steps')} steps, temperature {rs.get('temperature')}), "
                  f"k completions per puzzle on the first {ns if ns is not None else 'all'} puzzles; best-of-k = mean "
-                 f"over puzzles of the best completion's reward; pass@k = puzzles with a fully solved completion.")
-    note += " Sudoku reward = fraction of the empty cells filled correctly (d1's verifier); solved = all of them."
+                 f"over puzzles of the best completion's score; pass@k = puzzles with a fully solved completion.")
+    note += (" Sudoku score = the percent of the empty cells filled correctly (d1's verifier's reward x 100, as "
+             "`dare eval` prints it); solved = all of them; the change is in points.")
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
@@ -78,7 +75,7 @@ def pyplot():
 
 
 def quickstart_plot(out: Path, sft_metrics: Path, rl_metrics: Path, rows: list[dict], title: str = "") -> Optional[Path]:
-    """Three panels: SFT loss, RL training reward (raw + moving average), held-out mean reward before/after."""
+    """Three panels: SFT loss, RL training reward (raw + moving average), held-out score before/after."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.6))
     loss = read_curve(sft_metrics, "loss")
@@ -113,11 +110,11 @@ def quickstart_plot(out: Path, sft_metrics: Path, rl_metrics: Path, rows: list[d
             xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(metrics))]
             bars = ax.bar(xs, vals, width=width * 0.95, color=f"C{j}", label=r["model"])
             for b, v in zip(bars, vals):
-                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{100 * v:.1f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(metrics)), [m for m, _ in metrics], fontsize=8)
         ax.set_ylim(0, 1.0)
         ax.legend(loc="upper left", fontsize=7)
-        ax.set_title(f"held-out {bench} mean reward")
+        ax.set_title(f"held-out {bench} score (mean reward; labels in %)")
     ax.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title, fontsize=11)
