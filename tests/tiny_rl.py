@@ -17,13 +17,13 @@ TINY_RANDOM = ("model.tiny_sizes={hidden_size: 64, num_layers: 2}",
 
 def tiny_random(recipe: str | Path, family: str | None = None) -> list[str]:
     """Overrides that put ``recipe`` (a path, absolute or relative to the repository) on ``tiny:<family>`` (default:
-    the family of the recipe's checkpoint). A recipe already on a tiny model gets none."""
+    the family of the recipe's checkpoint). A recipe already on a tiny model keeps its settings (and gets ``family``)."""
     from dare.models.families.base import detect_family
     from dare.models.loading import read_config
     from dare.trainer.recipe import load_recipe
     r = load_recipe(ROOT / recipe)
     if r.model.path.startswith("tiny:"):
-        return []
+        return [f"model.path=tiny:{family}"] if family else []
     family = family or detect_family(read_config(ROOT / r.model.path)).name
     out = [f"model.path=tiny:{family}", *TINY_RANDOM]
     s = r.rollout.sampler
