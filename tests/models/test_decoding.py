@@ -84,7 +84,7 @@ def test_an_export_carries_its_recipes_decoding_settings(tmp_path):
 @pytest.mark.integration
 def test_dare_eval_of_a_shipped_checkpoint_at_its_defaults_scores_as_documented_in_kind(tmp_path):
     # At dare eval's own defaults (256 tokens in blocks of 32, the reasoning prompt) this checkpoint scored 0.0; with
-    # the settings it carries, 41.0 on the 200 held-out puzzles (README: SFT 0.410; measured, 61-75 s here), 40.0 on
+    # the settings it carries, 41.0 on the 200 held-out puzzles (README: SFT 41.0; measured, 61-75 s here), 40.0 on
     # the first 20. Here the first 8, at the defaults.
     from dare.cli import main
     ckpt = str(get_checkpoint("lazy-sudoku-llada-sft").path)

@@ -24,9 +24,9 @@ LR_DEPARTURES: dict[str, LrDeparture] = {
     "bgpo": LrDeparture(
         0.5,
         "at the unified ratio (Coupled-GRPO's lr, 1e-4 on the tiny LLaDA, full fine-tuning, mu 1, no KL) "
-        "seeds 0 and 1 gained (0.516, 0.551) but seed 2 collapsed: training reward 0.58 by step 13, then "
-        "~0.1 after step 22 with gradient norms up to 10, held-out 0.410 -> 0.040; at 5e-5 (factor 0.5) "
-        "the same seeds stayed stable (max gradient norm 1.5) and gained 0.566, 0.584, 0.601 (200 "
+        "seeds 0 and 1 gained (held-out 51.6, 55.1) but seed 2 collapsed: training reward 0.58 by step 13, then "
+        "~0.1 after step 22 with gradient norms up to 10, held-out 41.0 -> 4.0 %; at 5e-5 (factor 0.5) "
+        "the same seeds stayed stable (max gradient norm 1.5) and reached 56.6, 58.4, 60.1 (200 "
         "held-out puzzles, docs/comparison.md). With no published settings, the unified ratio is DARE's "
         "choice, not the authors'.",
         ("lazy-sudoku-llada-sft",), "docs/comparison.md"),
@@ -35,39 +35,39 @@ LR_DEPARTURES: dict[str, LrDeparture] = {
         "at the unscaled ratio (3e-3 with LoRA r 128) the tiny LLaDA learned but the tiny SDAR did not: "
         "seeds 0 and 2 each had one update step with KL to the reference ~1 (0.99, 1.11; every other "
         "step <= 0.05) and a gradient-norm spike (0.13, 0.42), and seed 2 then stopped its greedy answers "
-        "after `<` in 102 of 200 (held-out 0.803 / 0.845 / 0.368 from 0.791); at 1.5e-3 (factor 0.5) the "
-        "same SDAR seeds stayed within KL 0.063 and gained (0.870 / 0.858 / 0.855), and the LLaDA seeds "
-        "gained about as at the full ratio (0.544 / 0.567 / 0.598 against 0.550 / 0.591 / 0.599 from "
-        "0.410; 200 held-out puzzles, docs/comparison.md).",
+        "after `<` in 102 of 200 (held-out 80.3 / 84.5 / 36.8 % from 79.1); at 1.5e-3 (factor 0.5) the "
+        "same SDAR seeds stayed within KL 0.063 and gained (87.0 / 85.8 / 85.5), and the LLaDA seeds "
+        "gained about as at the full ratio (54.4 / 56.7 / 59.8 against 55.0 / 59.1 / 59.9 from "
+        "41.0; 200 held-out puzzles, docs/comparison.md).",
         ("lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft"), "docs/algorithms/dtreerpo.md"),
     "egspo": LrDeparture(
         0.5,
-        "at its paper ratio (30x Coupled-GRPO's lr: 3e-3 with LoRA r 128) the tiny LLaDA learned (0.542 +/- "
-        "0.022) but the tiny SDAR collapsed in the last update on two of three seeds: training reward ~0.78 "
-        "for ten steps, then 0.43 and 0.09 with a loss spike to 17.8, held-out 0.781 / 0.000 / 0.022 from "
-        "0.791 -- the failure d-TreeRPO had on SDAR at the same lr; at 1.5e-3 (factor 0.5) the same SDAR seeds "
-        "gained (0.839 / 0.854 / 0.849) and the LLaDA seeds gained more (0.571 / 0.577 / 0.591; 200 held-out puzzles, "
+        "at its paper ratio (30x Coupled-GRPO's lr: 3e-3 with LoRA r 128) the tiny LLaDA learned (held-out "
+        "54.2 +/- 2.2 %) but the tiny SDAR collapsed in the last update on two of three seeds: training reward ~0.78 "
+        "for ten steps, then 0.43 and 0.09 with a loss spike to 17.8, held-out 78.1 / 0.0 / 2.2 % from "
+        "79.1 -- the failure d-TreeRPO had on SDAR at the same lr; at 1.5e-3 (factor 0.5) the same SDAR seeds "
+        "gained (83.9 / 85.4 / 84.9) and the LLaDA seeds gained more (57.1 / 57.7 / 59.1; 200 held-out puzzles, "
         "docs/comparison.md).",
         ("lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft"), "docs/comparison.md"),
     "justgrpo": LrDeparture(
         0.2,
         "at its paper ratio (5x Coupled-GRPO's lr: 5e-4 on the tiny LLaDA, full fine-tuning, no KL) the "
         "training reward fell from 0.33 to about 0.05 right after the warm-up, with gradient norms up to 9, "
-        "and held-out reward collapsed 0.410 -> 0.055 (seed 0, 200 puzzles, docs/comparison.md); at factor 0.2 (1e-4, "
-        "Coupled-GRPO's lr) it rose 0.410 -> 0.509.",
+        "and the held-out score collapsed 41.0 -> 5.5 % (seed 0, 200 puzzles, docs/comparison.md); at factor 0.2 "
+        "(1e-4, Coupled-GRPO's lr) it rose 41.0 -> 50.9.",
         ("lazy-sudoku-llada-sft",), "docs/comparison.md"),
     "mdpo": LrDeparture(
         0.1,
         "at its paper ratio (10x Coupled-GRPO's lr, 1e-3 on the tiny LLaDA) the training reward oscillated "
-        "between 0.0 and 0.67 with gradient norms near 27, and held-out reward fell 0.406 -> 0.365; at 1e-4 "
-        "(factor 0.1) it rose 0.406 -> 0.582 (seed 0, 100 held-out puzzles, docs/comparison.md).",
+        "between 0.0 and 0.67 with gradient norms near 27, and the held-out score fell 40.6 -> 36.5 %; at 1e-4 "
+        "(factor 0.1) it rose 40.6 -> 58.2 (seed 0, 100 held-out puzzles, docs/comparison.md).",
         ("lazy-sudoku-llada-sft",), "docs/comparison.md"),
     "wd1": LrDeparture(
         1 / 3,
         "at its paper ratio (3x Coupled-GRPO's lr: 3e-4 on the tiny LLaDA with its LoRA; no ratio, clip or "
-        "KL) seed 0 gained +0.073 and seed 1 lost 0.064 (held-out 0.410 -> 0.346, its training reward fell "
+        "KL) seed 0 gained +7.3 points and seed 1 lost 6.4 (held-out 41.0 -> 34.6 %, its training reward fell "
         "0.43 -> 0.15 in the last step, gradient norm 2.9); at 1e-4 (factor 1/3) seeds 0, 1 and 2 rose to "
-        "0.571, 0.564 and 0.564 (200 held-out puzzles, docs/comparison.md).",
+        "57.1, 56.4 and 56.4 (200 held-out puzzles, docs/comparison.md).",
         ("lazy-sudoku-llada-sft",), "docs/comparison.md"),
 }
 
