@@ -12,7 +12,7 @@ TOKENIZERS = ASSETS / "tokenizers"
 # Every fixture folder and the family it must be detected as.
 FIXTURE_FAMILIES = {
     "llada-tiny": "llada", "lladamoe-tiny": "llada_moe", "dream-tiny": "dream", "sdar-tiny": "sdar",
-    "sdarmoe-tiny": "sdar_moe", "llada2-tiny": "llada2_moe", "llada21-tiny": "llada2_moe",
+    "sdarmoe-tiny": "sdar_moe", "llada2-tiny": "llada2_moe", "llada21-tiny": "llada2_moe", "rnd1-tiny": "rnd1",
 }
 
 # Tiny models are overhead-bound: one intra-op thread is as fast on an idle machine and ~10x faster on a busy one.
