@@ -17,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+from tests.tiny_rl import tiny_random  # noqa: E402  (the RL example recipes' random tiny model)
 
 SIZES = ["model.tiny_sizes.hidden_size=256", "model.tiny_sizes.num_layers=4", "model.tiny_sizes.intermediate_size=512"]
 SFT = ["train.micro_batch_size=2", "data.max_length=256"]
@@ -43,8 +45,10 @@ CONFIGS = [  # (label, recipe, overrides, processes)
                                                                 "distributed.nproc=2", "distributed.sequence_parallel=2"], 2),
     ("LLaDA RL (d1), sequence parallel 2", "recipes/d1_tiny.yaml", ["distributed.nproc=2",
                                                                      "distributed.sequence_parallel=2"], 2),
-    ("LLaDA RL (Coupled-GRPO), checkpointing", "recipes/rl/coupled_grpo.yaml", ["model.gradient_checkpointing=true"], 2),
-    ("SDAR RL (TraceRL + value model)", "recipes/rl/tracerl_with_value.yaml", [], 2),
+    # the RL example recipes on the random tiny model these rows measured (they ship on the lazy-Sudoku checkpoints)
+    ("LLaDA RL (Coupled-GRPO), checkpointing", "recipes/rl/coupled_grpo.yaml",
+     [*tiny_random("recipes/rl/coupled_grpo.yaml"), "model.gradient_checkpointing=true"], 2),
+    ("SDAR RL (TraceRL + value model)", "recipes/rl/tracerl_with_value.yaml", tiny_random("recipes/rl/tracerl_with_value.yaml"), 2),
     ("LLaDA2-MoE RL (d1), LoRA", "recipes/d1_tiny.yaml", ["model.path=tiny:llada2_moe", "lora.enabled=true"], 2),
     ("DiffusionGemma SFT", "recipes/diffusion_gemma/sft_tiny.yaml",
      ["model.tiny_sizes.hidden_size=256", "train.micro_batch_size=2", "train.batch_size=4"], 1),

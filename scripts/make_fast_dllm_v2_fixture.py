@@ -92,7 +92,7 @@ def run(folder: Path) -> None:
         for setting in SETTINGS:
             with torch.no_grad():
                 out = model.generate(prompt.clone(), mask_id=MASK, stop_token=EOS, temperature=0, top_p=0.95, **setting)
-            case = {"fn": "generate", "prompt": prompt[0].tolist(), **setting, "mask_id": MASK, "stop_token": EOS,
+            case = {"decoder": "fast_dllm_v2.generate", "prompt": prompt[0].tolist(), **setting, "mask_id": MASK, "stop_token": EOS,
                     "temperature": 0, "top_p": 0.95, "output": out[0].tolist(), "required": length != 32}
             if length == 32:
                 case["not_required_because"] = ("a prompt of exactly block_size tokens skips the prefill (it needs "

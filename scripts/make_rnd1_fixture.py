@@ -72,7 +72,7 @@ def run(reference: Path) -> None:
             x = diffusion_sample(model, seq_len=len(prompt) + gen, num_steps=steps, greedy=True, temperature=1.0,
                                  mask_token_id=MASK, prefix_ids=torch.tensor(prompt), eos_token_id=EOS,
                                  pad_token_id=PAD)
-            cases.append({"fn": "diffusion_sample", "prompt": prompt, "seq_len": len(prompt) + gen, "num_steps": steps,
+            cases.append({"decoder": "rnd1.diffusion_sample", "prompt": prompt, "seq_len": len(prompt) + gen, "num_steps": steps,
                           "greedy": True, "temperature": 1.0, "top_k": None, "top_p": None, "eb_gamma": None,
                           "mask_token_id": MASK, "eos_token_id": EOS, "pad_token_id": PAD,
                           "output": x[0].tolist(), "required": True})

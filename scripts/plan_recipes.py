@@ -44,7 +44,7 @@ def full_size_recipes() -> list[str]:
             r = load_recipe(path)
         except Exception:  # eval recipes and others that are no training recipe
             continue
-        if r.model.path.startswith("tiny:") or Path(r.model.path).exists():
+        if r.model.path.startswith("tiny:") or (ROOT / r.model.path).exists():  # a tiny model or a shipped checkpoint
             continue
         out.append(rel)
     return out

@@ -29,8 +29,16 @@ def tiny_random(recipe: str | Path, family: str | None = None) -> list[str]:
     s = r.rollout.sampler
     if s.gen_length != TINY_GEN:
         out.append(f"rollout.sampler.gen_length={TINY_GEN}")
-        if s.block_length == s.gen_length:  # one block stays one block
+        one_block = s.block_length == s.gen_length
+        if one_block:  # one block stays one block
             out.append(f"rollout.sampler.block_length={TINY_GEN}")
+        elif TINY_GEN % s.block_length:
+            raise ValueError(f"{recipe}: block_length {s.block_length} does not divide the tiny runs' {TINY_GEN} tokens")
+        if one_block and s.steps_per_block:
+            raise ValueError(f"{recipe}: steps_per_block with one block: say how the tiny runs scale it")
         if s.steps:  # the recipe's tokens per step
-            out.append(f"rollout.sampler.steps={s.steps * TINY_GEN // s.gen_length}")
+            steps = s.steps * TINY_GEN // s.gen_length
+            if steps < 1 or s.steps * TINY_GEN % s.gen_length:
+                raise ValueError(f"{recipe}: {s.steps} steps for {s.gen_length} tokens do not scale to {TINY_GEN}")
+            out.append(f"rollout.sampler.steps={steps}")
     return out

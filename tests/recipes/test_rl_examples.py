@@ -4,6 +4,7 @@ shipped lazy-Sudoku SFT checkpoint on the task it sometimes solves, so its group
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dare.trainer.loop import Trainer
 from dare.trainer.recipe import load_recipe
@@ -17,10 +18,12 @@ RL_RECIPES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes/rl").glob
 @pytest.mark.parametrize("recipe", RL_RECIPES)
 def test_a_shipped_rl_recipe_sees_a_reward_signal_at_its_first_step(recipe, tmp_path, caplog):
     """One step of the recipe as shipped (its model, data, sampler, group and batch; reward scored in-process)."""
-    r = load_recipe(ROOT / recipe, ["train.steps=1", f"train.output_dir={tmp_path}", "train.export=false",
-                                    "train.save_every=0", "reward.workers=0", "logging.progress=false",
-                                    "logging.tensorboard=false", "logging.plot=false"])
-    assert not r.model.path.startswith("tiny:"), "an example recipe starts from a checkpoint that earns a reward"
+    run = ["train.steps=1", f"train.output_dir={tmp_path}", "train.export=false", "train.save_every=0",
+           "reward.workers=0", "logging.progress=false", "logging.tensorboard=false", "logging.plot=false"]
+    shipped = yaml.safe_load((ROOT / recipe).read_text())["model"]["path"]
+    assert not shipped.startswith("tiny:"), "an example recipe starts from a checkpoint that earns a reward"
+    # the checkpoint path is relative to the repository root (where the README runs dare), not to pytest's folder
+    r = load_recipe(ROOT / recipe, [*run, f"model.path={ROOT / shipped}"])
     with single_thread():
         (step,) = Trainer(r).run()
     assert step["reward_mean"] > 0 and step["reward_std"] > 0, step  # completions scored differently

@@ -106,15 +106,15 @@ def quickstart_plot(out: Path, sft_metrics: Path, rl_metrics: Path, rows: list[d
                         (f"best-of-{k}", lambda s: s["sampled"]["best_of_k_mean"])]
         width = 0.8 / len(rows)
         for j, r in enumerate(rows):
-            vals = [fn(r["results"][bench]) for _, fn in metrics]
+            vals = [100 * fn(r["results"][bench]) for _, fn in metrics]  # percent, as the table
             xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(metrics))]
             bars = ax.bar(xs, vals, width=width * 0.95, color=f"C{j}", label=r["model"])
             for b, v in zip(bars, vals):
-                ax.text(b.get_x() + b.get_width() / 2, v, f"{100 * v:.1f}", ha="center", va="bottom", fontsize=8)
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(metrics)), [m for m, _ in metrics], fontsize=8)
-        ax.set_ylim(0, 1.0)
+        ax.set_ylim(0, 100)
         ax.legend(loc="upper left", fontsize=7)
-        ax.set_title(f"held-out {bench} score (mean reward; labels in %)")
+        ax.set_title(f"held-out {bench} score (%)")
     ax.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title, fontsize=11)
