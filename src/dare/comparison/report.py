@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from ..quickstart.report import pyplot, smooth
+from ..quickstart.report import pct, pyplot, smooth
 from ..quickstart.stages import read_curve
 
 
@@ -108,10 +108,6 @@ def merge_data(stored: dict, new: dict, tolerance: float = 5e-4) -> dict:
     return merged
 
 
-def _pct(x: Optional[float]) -> str:
-    return "-" if x is None else f"{100.0 * x:.1f}"
-
-
 def render_table(data: dict) -> str:
     """The Markdown table of the comparison (per family the SFT baseline, then one row per method) from its data."""
     bench = data["benchmark"]
@@ -120,7 +116,7 @@ def render_table(data: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|"]
     for fam in data["families"]:
         family, base = fam["family"], fam["baseline"]
-        lines.append(f"| {family} | SFT baseline | | | | | | | {_pct(base['mean_score'])} | | | {_pct(base['accuracy'])} "
+        lines.append(f"| {family} | SFT baseline | | | | | | | {pct(base['mean_score'])} | | | {pct(base['accuracy'])} "
                      f"| - | | |")
         anchor = next((e for e in fam["methods"] if e["algorithm"] == fam.get("anchor")), None)
         anchor_gain = anchor["change"] if anchor else None
@@ -133,8 +129,8 @@ def render_table(data: dict) -> str:
                      f"{st['steps']} x {st['prompts_per_step']}" if "steps" in st else str(e.get("steps", "-")),
                      f"{st['lr']:.3g}" if "lr" in st else "-", "-" if clip is None else f"{clip:g}",
                      f"{st['temperature']:g}" if "temperature" in st else "-", str(st.get("lora") or "-"),
-                     f"{100 * e['mean']:.1f} ± {100 * e['spread']:.1f}", f"{100 * e['change']:+.1f}",
-                     learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"]), _pct(e["solved"]),
+                     f"{pct(e['mean'])} ± {pct(e['spread'])}", f"{100 * e['change']:+.1f}",
+                     learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"]), pct(e["solved"]),
                      str(e["seeds"]), f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-",
                      f"{e['minutes_per_run']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")

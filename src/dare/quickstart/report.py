@@ -7,7 +7,8 @@ from typing import Optional
 from .stages import read_curve
 
 
-def _pct(x: Optional[float]) -> str:
+def pct(x: Optional[float]) -> str:
+    """A fraction as the percent every dare table prints (one decimal; "-" for none)."""
     return "-" if x is None else f"{100.0 * x:.1f}"
 
 
@@ -36,7 +37,7 @@ def quickstart_table(rows: list[dict], settings: dict) -> str:
         return out
 
     for r in rows:
-        lines.append("| " + " | ".join([r["model"]] + [_pct(v) for v in cells_of(r["results"])]) + " |")
+        lines.append("| " + " | ".join([r["model"]] + [pct(v) for v in cells_of(r["results"])]) + " |")
     if len(rows) == 2:
         a, z = cells_of(rows[0]["results"]), cells_of(rows[1]["results"])
         diff = ["-" if x is None or y is None else f"{100 * (y - x):+.1f}" for x, y in zip(a, z)]
