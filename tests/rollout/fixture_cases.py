@@ -14,7 +14,8 @@ from dare.rollout import SamplerConfig
 # Not tests.conftest's: benchmarks/gpu_check.py reads these cases on machines without pytest.
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures"
 
-FOLDERS = ["llada-tiny", "lladamoe-tiny", "dream-tiny", "sdar-tiny", "sdarmoe-tiny", "llada2-tiny", "llada21-tiny"]
+FOLDERS = ["llada-tiny", "lladamoe-tiny", "dream-tiny", "sdar-tiny", "sdarmoe-tiny", "llada2-tiny", "llada21-tiny",
+           "rnd1-tiny", "fastdllmv2-tiny"]
 LLADA_CACHE = {"generate": "none", "generate_with_prefix_cache": "prefix", "generate_with_dual_cache": "dual"}
 SDAR_REMASKING = {"low_confidence_static": "static", "low_confidence_dynamic": "dynamic", "sequential": "sequential"}
 
@@ -34,6 +35,8 @@ class Case:
     nfe_offset: Optional[int]
     # "eq": nfe == reference + offset; "le": <= (our early stop can only end sooner, see docs/samplers.md).
     nfe_relation: str = "eq"
+    # [1, gen_length] tokens fixed in the completion before decoding (-1: none), or None
+    hints: Optional[torch.Tensor] = None
 
     @property
     def id(self) -> str:
@@ -61,6 +64,7 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
     dtype = torch.float32
     nfe_offset = 0
     relation = "eq"
+    hints = None
     if "fn" in c:  # LLaDA / LLaDA-MoE: Fast-dLLM generate / prefix / dual cache
         cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], steps=c["steps"],
                             remasking=c["remasking"], threshold=c["threshold"], cache=LLADA_CACHE[c["fn"]], block_stop=False)
@@ -82,6 +86,30 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
         # The reference spends one extra forward per block (and one prefill) only on storing keys/values; ours
         # store them during the next denoising step, so our forwards are exactly its denoising forwards.
         c = dict(c, nfe=c["nfe_denoise"])
+    elif c["decoder"] == "rnd1.diffusion_sample":
+        # RND1 with a prefix: seq_len - P - 1 masks, then one slot reserved for the pad token (add_eos_at_end off),
+        # which the bidirectional model attends to: a hint at the completion's last column; one block, entropy order,
+        # the linear count schedule. Its NFE is num_steps (one forward per step, the last step fills the rest).
+        G = c["seq_len"] - P
+        cfg = SamplerConfig(gen_length=G, block_length=G, steps=c["num_steps"], remasking="entropy", schedule="linear",
+                            block_stop=False)
+        hints = torch.full((1, G), -1, dtype=torch.long)
+        hints[0, -1] = c["pad_token_id"]
+        gen, stops = c["output"][P:], [c["eos_token_id"]]
+        nfe_offset = None
+    elif c["decoder"] == "fast_dllm_v2.generate":
+        # Blocks of block_size (attention and decoding), sub-blocks left to right, {p > threshold} or the most
+        # probable mask of the sub-block each step (dynamic with one token per step); the block's first token from
+        # the previous block's last row (its own step). The reference decodes max_new_tokens // block_size blocks
+        # from the prompt's block (+ that next token); we decode ceil((P + G) / B) - P // B blocks, a superset:
+        # block-causal attention makes the shared part the same, so its tokens are compared.
+        B = c["block_size"]
+        cfg = SamplerConfig(gen_length=c["max_new_tokens"], block_length=B, steps_per_block=B, remasking="dynamic",
+                            threshold=min(float(c["threshold"]), 1.0), sub_block_length=c["small_block_size"],
+                            cache="dual" if c["use_block_cache"] else "none", stop_token_ids=[c["stop_token"]],
+                            block_stop=True)
+        gen, stops = c["output"][P:], [c["stop_token"]]
+        nfe_offset = None
     elif c["decoder"] == "llada2.0_generate":
         cfg = SamplerConfig(gen_length=c["gen_length"], block_length=c["block_length"], steps_per_block=c["steps"],
                             remasking="dynamic", threshold=c["threshold"], eos_early_stop=c["eos_early_stop"],
@@ -102,4 +130,4 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
     if c.get("model_dtype") == "bfloat16":
         dtype = torch.bfloat16
     return Case(folder, i, c, cfg, prompt, _cut(gen, stops, cfg.gen_length), stops, dtype, c.get("nfe"),
-                nfe_offset if c.get("nfe") is not None else None, relation)
+                nfe_offset if c.get("nfe") is not None else None, relation, hints)

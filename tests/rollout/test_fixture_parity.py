@@ -35,7 +35,7 @@ def test_every_fixture_folder_has_required_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_reference_decode(case):
-    r = generate(_model(case.folder, case.dtype), [case.prompt], case.config)
+    r = generate(_model(case.folder, case.dtype), [case.prompt], case.config, hints=case.hints)
     _check_tokens(case, r.completion_ids[0], r.completion_mask[0])
     assert int(r.row_nfe[0]) == r.nfe  # one prompt: its own NFE is every forward (the reference's count below)
     if case.nfe_offset is not None:
@@ -65,7 +65,8 @@ def _groups():
 def test_batched_prompts_of_different_lengths_match_the_reference(group):
     """All prompts of one parameter set decoded together (left-padded) give each case's reference tokens."""
     model = _model(group[0].folder, group[0].dtype)
-    r = generate(model, [c.prompt for c in group], group[0].config)
+    hints = None if group[0].hints is None else torch.cat([c.hints for c in group])
+    r = generate(model, [c.prompt for c in group], group[0].config, hints=hints)
     assert r.prompt_index.tolist() == list(range(len(group)))
     for i, case in enumerate(group):
         _check_tokens(case, r.completion_ids[i], r.completion_mask[i])

@@ -51,7 +51,10 @@ class FamilyAdapter:
     def cache_kinds(self) -> tuple[str, ...]:
         # Approximate Fast-dLLM caches only make sense for bidirectional models; block models have an exact one
         # (encoder-decoder: "block" reuses the encoder cache across canvases, "none" re-encodes the context per canvas).
-        return ("none", "block") if self.is_block_causal or self.is_encoder_decoder else ("none", "prefix", "dual")
+        if self.is_encoder_decoder:
+            return ("none", "block")
+        # block-causal: "dual" is the exact cache of finished blocks plus Fast-dLLM v2's approximate one inside a block
+        return ("none", "block", "dual") if self.is_block_causal else ("none", "prefix", "dual")
 
     @property
     def attn_block_size(self) -> Optional[int]:

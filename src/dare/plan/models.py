@@ -20,7 +20,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def shipped_configs() -> dict[str, dict]:
-    """Hub id -> {"file": its config.json here, "mask_token_id": id where the config carries none}."""
+    """Hub id -> {"file": its config.json here, "mask_token_id": id where the config carries none, "kind": what the file
+    is where it is not a copy of the published one (SOURCES.md)}."""
     return json.loads((CONFIG_DIR / "index.json").read_text())
 
 
@@ -62,7 +63,7 @@ def model_config(model_cfg) -> tuple[dict, Optional[int], str]:
         family = detect_family(cfg)
         explicit = model_cfg.mask_token_id if model_cfg.mask_token_id is not None else shipped.get("mask_token_id")
         mask = resolve_mask_token_id(cfg, None, family, explicit) if family.uses_mask_token else -1
-        return cfg, mask, f"dare/plan/configs/{shipped['file']} (published config of {path})"
+        return cfg, mask, f"dare/plan/configs/{shipped['file']} ({shipped.get('kind', 'published config')} of {path})"
     cfg, folder = _hub_config(path)
     family = detect_family(cfg)
     mask = resolve_mask_token_id(cfg, folder, family, model_cfg.mask_token_id) if family.uses_mask_token else -1

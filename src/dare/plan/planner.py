@@ -187,7 +187,7 @@ def decode_flops(f_first: float, f_step: float, sampler, adapter, prompt_length:
         return f_first * blocks * spb
     if adapter.is_block_causal:
         B = sampler.block_length
-        if sampler.cache == "block":
+        if sampler.cache in ("block", "dual"):  # dual: some steps feed a sub-block only (an upper bound)
             return f_first + (blocks * spb - 1) * f_step
         # uncached: every step reruns the sequence so far; a forward's work grows with its length
         return sum(spb * f_first * (prompt_length + (b + 1) * B) / (prompt_length + B) for b in range(blocks))

@@ -62,6 +62,9 @@ def check_config(model, config: SamplerConfig) -> None:
     else:
         if config.editing:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs a block-diffusion model")
+        if config.sub_block_length is not None:
+            raise ValueError("sub_block_length (sub-blocks of a block-causal model's block) needs a block-diffusion "
+                             "model; masked-diffusion models decode semi-autoregressive blocks of block_length")
         masked_blocks(config)
 
 

@@ -47,7 +47,8 @@ def block_schedule(cfg: SamplerConfig) -> torch.Tensor:
     spb = min(spb, max(1, G // cfg.minimal_topk))  # LLaDA2.0's cap
     if spb > B:
         raise ValueError(f"steps_per_block={spb} exceeds block_length={B}: some steps would commit nothing")
-    return sched.even_split(torch.tensor([B]), spb)[0]
+    split = sched.linear_split if cfg.schedule == "linear" else sched.even_split
+    return split(torch.tensor([B]), spb)[0]
 
 
 def build_block_state(batch: PromptBatch, cfg: SamplerConfig, mask_id: int, pad_id: int, stop_ids, gens, record):
@@ -83,7 +84,9 @@ class BlockForward:
 
     def __init__(self, model, st: DecodeState, cfg: SamplerConfig):
         self.model, self.st, self.B = model, st, cfg.block_length
-        self.use_cache = cfg.cache == "block"
+        self.shift = 1 if model.adapter.shift_logits else 0
+        self.use_cache = cfg.cache in ("block", "dual")
+        self.dual, self.sub = cfg.cache == "dual", cfg.sub_block_length
         self.cache = model.new_cache(st.x.shape[1]) if self.use_cache else None
         self.rows = None  # global row ids held by the cache, in cache order
         self.final = 0  # columns [0, final) hold final keys/values in the cache
@@ -104,8 +107,31 @@ class BlockForward:
             self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
         self.rows = rows
 
+    def window(self, rows, c0: int, c1: int, s0: int, s1: int, keep: bool) -> torch.Tensor:
+        """Dual cache inside block [c0, c1): feed [s0, s1) against the cache, which holds the block's keys/values
+        from its last refresh (its slots are written over); ``keep``: the fed keys/values become the block's (a
+        refresh). Prediction logits [n, s1 - s0, V]; with shifted logits the window's first position reuses its own
+        row (it is never decided on such a step)."""
+        st = self.st
+        whole = rows.numel() == self.rows.numel()
+        idx = None if whole else torch.searchsorted(self.rows, rows)
+        cache = self.cache if whole else cache_rows(self.cache, idx)
+        out = self.model(st.x[rows, s0:s1], attention_mask=self._mask(rows, s0, s1, c1), position_ids=st.pos[rows, s0:s1],
+                         request=LogitsRequest(rows=slice(0, s1 - s0 - self.shift)), past_key_values=cache, kv_start=s0)
+        if keep and not whole:
+            for i in range(cache.num_layers):
+                self.cache.k[i][idx, :, s0:s1] = cache.k[i][:, :, s0:s1]
+                self.cache.v[i][idx, :, s0:s1] = cache.v[i][:, :, s0:s1]
+        logits = out.logits.float().view(rows.numel(), s1 - s0 - self.shift, -1)
+        return torch.cat([logits[:, :1], logits], dim=1) if self.shift else logits
+
     def logits(self, rows, c0: int, c1: int, first_step: bool) -> torch.Tensor:
-        """Logits [n, B, V] of block [c0, c1) for ``rows`` (with the cache: all rows the cache holds)."""
+        """Prediction logits [n, B, V] of block [c0, c1) for ``rows`` (with the cache: all rows the cache holds).
+
+        Shifted-logit models (Fast-dLLM v2) predict position c from row c - 1: the block's first position from the
+        previous block's last row, which is fed only on the block's first step (and always without the cache). On
+        the other steps that position is decided already (``_standard_block``), and it takes its own row, as the
+        reference's ``cat([logits[:, :1], logits[:, :-1]])`` does."""
         st = self.st
         n = rows.numel()
         q0 = (self.final if first_step else c0) if self.use_cache else 0
@@ -117,16 +143,18 @@ class BlockForward:
                     raise RuntimeError("the storing step of a block must run every cached row")
                 cache = cache_rows(cache, torch.searchsorted(self.rows, rows))
             kw = dict(past_key_values=cache, kv_start=q0, store_kv=first_step)
+        lo = max(c0 - self.shift, q0)
         out = self.model(st.x[rows, q0:c1], attention_mask=self._mask(rows, q0, c1, c1), position_ids=st.pos[rows, q0:c1],
-                         request=LogitsRequest(rows=slice(c0 - q0, c1 - q0)), **kw)
+                         request=LogitsRequest(rows=slice(lo - q0, c1 - self.shift - q0)), **kw)
         if self.use_cache and first_step:
             self.final = c0  # everything before this block is final now; the block's own slots are scratch
-        return out.logits.float().view(n, c1 - c0, -1)
+        logits = out.logits.float().view(n, c1 - self.shift - lo, -1)
+        if lo > c0 - self.shift:  # the row before the block was not fed
+            logits = torch.cat([logits[:, :1], logits], dim=1)
+        return logits
 
 
 def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
-    if model.adapter.shift_logits:
-        raise ValueError("block decoding of shifted-logit models is not supported")
     remask = REMASKINGS[cfg.remasking]
     counts = None if cfg.editing else block_schedule(cfg).to(st.x.device)
     B = cfg.block_length
@@ -144,7 +172,7 @@ def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
             _editing_block(fwd, st, cfg, remask, act, c0, c1)
         else:
             b = cb - st.first_block
-            if _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b, i0 if b == b0 else 0):
+            if _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b, i0 if b == b0 else 0, bool(fwd.shift)):
                 return  # paused (generate(until_step=...)): the block is unfinished, nothing else is marked
         if cfg.block_stop or (cfg.editing and cfg.eos_early_stop):
             st.finish_rows_with_stop(act, final_only=False)
@@ -171,11 +199,48 @@ def _propose(st, cfg, remask, rows, logits, total_steps, forbid_mask: bool = Tru
     return cand.x0, score
 
 
-def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: int = 0) -> bool:
-    """Decode column block [c0, c1) (the b-th generated block) from its step i0; True when paused inside it."""
+def _dual_logits(fwd, st, rows, c0: int, c1: int, eligible: torch.Tensor, refresh: torch.Tensor) -> torch.Tensor:
+    """A later step of a block with ``cache='dual'`` (Fast-dLLM v2's ``use_block_cache``): a row whose current
+    sub-block starts with a mask (its first step there), or that committed the block's first token on the step
+    before, runs the whole block and keeps the block's keys/values; every other row feeds only its current
+    sub-block against them (grouped by sub-block, so a row decodes as it would alone). Prediction logits
+    [n, B, V]; positions outside the fed window are zero and never eligible."""
+    n, B = eligible.shape
+    pos = torch.arange(B, device=eligible.device)
+    start = torch.where(eligible, pos, B).min(1).values  # the first eligible position: inside the current sub-block
+    size = fwd.sub or B
+    s0 = start // size * size
+    masked = (st.x[rows, c0:c1] == st.mask_id).gather(1, s0[:, None]).squeeze(1)
+    refresh = refresh | masked
+    out = None
+    for key in sorted({-1 if bool(r) else int(s) for r, s in zip(refresh.tolist(), s0.tolist())}):
+        g = refresh if key < 0 else ~refresh & (s0 == key)
+        a, z = (0, B) if key < 0 else (key, key + size)
+        lg = fwd.window(rows[g], c0, c1, c0 + a, c0 + z, keep=key < 0)
+        st.count_forward(rows[g])
+        if out is None:
+            out = lg.new_zeros((n, B, lg.shape[-1]))
+        out[g, a:z] = lg
+    return out
+
+
+def _sub_block(eligible: torch.Tensor, size: int) -> torch.Tensor:
+    """``eligible`` [n, B] kept only in each row's first sub-block of ``size`` positions that has an eligible one."""
+    sub = torch.arange(eligible.shape[1], device=eligible.device) // size
+    first = torch.where(eligible, sub, eligible.shape[1]).min(1).values
+    return eligible & (sub[None, :] == first[:, None])
+
+
+def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: int = 0, next_token: bool = False) -> bool:
+    """Decode column block [c0, c1) (the b-th generated block) from its step i0; True when paused inside it.
+
+    ``next_token`` (shifted-logit models: Fast-dLLM v2): a block whose first position is masked commits that
+    position alone on its first step, from the previous block's last row -- the reference's "next token" of a
+    finished block (or of a prefilled prompt that ends on a block boundary)."""
     spb = counts.numel()
     total_steps = spb * int(st.last_block.max() - st.first_block + 1)
     dynamic = remask.rule == "dynamic" or cfg.threshold is not None  # block references' only threshold rule
+    after_next_token = torch.zeros(act.numel(), dtype=torch.bool, device=st.x.device)
     i = i0
     while True:
         if st.should_pause(b, i):
@@ -186,11 +251,15 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: i
         if i > max(spb, c1 - c0):  # every rule commits at least min(k, #masks) >= 1 token per step
             raise RuntimeError(f"block at column {c0} did not finish after {i} steps (sampler bug)")
         rows = act[open_]
-        # The first step of the block (or of a resumed one) stores the keys/values of everything before it.
-        logits = _block_logits(fwd, act, open_, c0, c1, i == i0)
-        st.count_forward(act if fwd.use_cache and i == i0 else rows)
         cur = st.x[rows, c0:c1]
         eligible = cur == st.mask_id
+        if cfg.sub_block_length is not None:
+            eligible = _sub_block(eligible, cfg.sub_block_length)
+        if fwd.dual and i != i0:
+            logits = _dual_logits(fwd, st, rows, c0, c1, eligible, after_next_token[open_] & (i == i0 + 1))
+        else:  # the first step of the block (or of a resumed one) stores the keys/values of everything before it
+            logits = _block_logits(fwd, act, open_, c0, c1, i == i0)
+            st.count_forward(act if fwd.use_cache and i == i0 else rows)
         x0, score = _propose(st, cfg, remask, rows, logits, total_steps)
         k = counts[min(i, spb - 1)].expand(rows.numel())
         if cfg.factor is not None:
@@ -199,6 +268,10 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: i
             sel = select_dynamic(score, eligible, cfg.threshold, k)
         else:  # static / sequential (position score) / random (uniform score)
             sel = select_top(score, eligible, k)
+        if next_token and i == 0:
+            first = eligible[:, 0]
+            sel = torch.where(first[:, None], torch.arange(c1 - c0, device=sel.device)[None, :] == 0, sel)
+            after_next_token[open_] = first
         ent = committed_entropy(logits, sel) if st.entropy_map is not None else None
         st.commit(rows, c0, torch.where(sel, x0, cur), sel, x0=x0, score=score, predicted=eligible, entropy=ent)
         if cfg.eos_early_stop:

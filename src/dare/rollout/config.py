@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 _SAID: set = set()  # (steps, gen_length) pairs already reported, so a config copied per batch is reported once
 
 CACHES = ("none", "prefix", "dual", "block")
-SCHEDULES = ("even", "ass")
+SCHEDULES = ("even", "ass", "linear")
 
 
 @dataclass
@@ -54,14 +54,19 @@ class SamplerConfig:
     # changes a completion (finished blocks are final); False decodes every block like the LLaDA/Dream
     # references, True is what the SDAR (stopping criteria) and LLaDA2.0 references do.
     block_stop: bool = True
+    # Block-diffusion models: decode each block in sub-blocks of this many positions, left to right (a step commits
+    # only masks of the first sub-block that has any; attention stays over the whole block). Fast-dLLM v2's
+    # ``small_block_size``. None: the whole block at once.
+    sub_block_length: Optional[int] = None
     # LLaDA2.1 editing: masks committed per step when fewer than that pass `threshold`.
     num_to_transfer: int = 1
     # LLaDA2.0: steps per block are capped at gen_length // minimal_topk.
     minimal_topk: int = 1
     # MDPO running-confidence remasking: fill every mask each step, re-mask the lowest running confidences.
     rcr: bool = False
-    # Tokens per step: "even" (LLaDA split; Dream's algorithms use their eps time grid), or CJ-GRPO's
-    # ascending step size "ass" (step i commits 2^i tokens, floor(log2 block) steps per block).
+    # Tokens per step: "even" (LLaDA split; Dream's algorithms use their eps time grid), CJ-GRPO's ascending step
+    # size "ass" (step i commits 2^i tokens, floor(log2 block) steps per block), or RND1's "linear" (after step j of
+    # N, floor(M (N - j) / N) of the block's M masks are left: schedule.linear_split).
     schedule: str = "even"
     # CJ-GRPO's multi-block ASS (its ``block_num``): with schedule="ass" and block_length = gen_length, decode
     # the completion in this many variable-size blocks -- the first takes ASS steps 0..S-n, each later block one
@@ -113,6 +118,9 @@ class SamplerConfig:
             raise ValueError(f"cache={self.cache!r} is not one of {', '.join(CACHES)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.sub_block_length is not None and (self.sub_block_length <= 0 or self.block_length % self.sub_block_length):
+            raise ValueError(f"sub_block_length={self.sub_block_length} must be positive and divide "
+                             f"block_length={self.block_length}")
         if self.ass_blocks < 1:
             raise ValueError(f"ass_blocks must be >= 1, got {self.ass_blocks}")
         if self.ass_blocks > 1:

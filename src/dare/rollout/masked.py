@@ -188,6 +188,8 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
         masks0 = st.block_start_masks(act, c0, c1)
         if blk.counts is not None:
             counts = blk.counts.to(st.x.device).expand(act.numel(), -1)
+        elif cfg.schedule == "linear":
+            counts = sched.linear_split(masks0, spb)
         elif remask.time_grid:
             counts = sched.time_grid_split(masks0, spb, cfg.eps)
         else:

@@ -1,6 +1,6 @@
 """How many tokens each denoising step commits, and the EOSER confidence scale per step.
 
-Three schedules, all vectorised over rows:
+Four schedules, all vectorised over rows:
 
 * ``even_split`` -- LLaDA's ``get_num_transfer_tokens`` (also SDAR's and LLaDA2's, over the block length):
   ``n // steps`` per step, the first ``n % steps`` steps one more;
@@ -24,6 +24,15 @@ def even_split(counts: torch.Tensor, steps: int) -> torch.Tensor:
     rem = counts % steps
     idx = torch.arange(steps, device=counts.device)
     return base[:, None] + (idx[None, :] < rem[:, None]).long()
+
+
+def linear_split(counts: torch.Tensor, steps: int) -> torch.Tensor:
+    """[R] token counts -> [R, steps] per-step counts of RND1's linear schedule. The masks left after step j are
+    ``(M * ((steps - j) / steps)).long()`` with the rate a Python float times an integer tensor (float32 arithmetic),
+    exactly the reference's ``(total_masked * rate).long()``; the last step takes the rest."""
+    counts = counts.long()
+    left = [counts] + [(counts * ((steps - j) / steps)).long() for j in range(1, steps)] + [torch.zeros_like(counts)]
+    return torch.stack([a - b for a, b in zip(left[:-1], left[1:])], dim=1)
 
 
 def ass_num_steps(n: int) -> int:

@@ -10,13 +10,13 @@ tests/assets/fixtures/rnd1-tiny was made by it (``scripts/make_rnd1_fixture.py``
 """
 from __future__ import annotations
 
-from ..adapter import FamilyAdapter
 from ..arch import MoESpec
-from .base import FamilySpec, eos_ids, register_family
+from .base import register_family
+from .dream import Dream
 from .sdar import _qwen3_arch
 
 
-class RND1(FamilySpec):
+class RND1(Dream):  # Dream's adapter: bidirectional, shifted logits, the config's mask id
     name = "rnd1"
     description = "rnd1 (RND1: RND1-30B-A3B)"
     listing_order = 35
@@ -35,12 +35,6 @@ class RND1(FamilySpec):
                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)))
         # the router linear in the activation dtype and its softmax in fp32, as Qwen3-MoE's
         return _qwen3_arch(cfg, moe=spec, moe_layers=list(range(cfg["num_hidden_layers"])), router_fp32=False)
-
-    def adapter(self, cfg, mask_token_id):
-        eos, stops = eos_ids(cfg)
-        return FamilyAdapter(self.name, mask_token_id, eos, cfg.get("pad_token_id"), cfg.get("bos_token_id"),
-                             shift_logits=True, attention="bidirectional", stop_token_ids=stops,
-                             vocab_size=cfg.get("vocab_size"))
 
     def tiny_config(self):
         return {
