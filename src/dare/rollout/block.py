@@ -201,8 +201,8 @@ def _propose(st, cfg, remask, rows, logits, total_steps, forbid_mask: bool = Tru
 
 def _dual_logits(fwd, st, rows, c0: int, c1: int, eligible: torch.Tensor, refresh: torch.Tensor) -> torch.Tensor:
     """A later step of a block with ``cache='dual'`` (Fast-dLLM v2's ``use_block_cache``): a row whose current
-    sub-block starts with a mask (its first step there), or that committed the block's first token on the step
-    before, runs the whole block and keeps the block's keys/values; every other row feeds only its current
+    sub-block still starts with a mask, or that committed the block's first token on the step before, runs the whole
+    block and keeps the block's keys/values (the reference's refresh rule); every other row feeds only its current
     sub-block against them (grouped by sub-block, so a row decodes as it would alone). Prediction logits
     [n, B, V]; positions outside the fed window are zero and never eligible."""
     n, B = eligible.shape
