@@ -128,3 +128,30 @@ def test_sub_block_settings_are_checked():
     kinds = {f: tiny_adapter(f).cache_kinds for f in ("llada", "fast_dllm_v2", "diffusion_gemma")}
     assert kinds == {"llada": ("none", "prefix", "dual"), "fast_dllm_v2": ("none", "block", "dual"),
                      "diffusion_gemma": ("none", "block")}
+
+
+def test_editing_refuses_what_its_passes_cannot_hold():
+    """LLaDA2.1's editing passes decide a whole block from the block's own rows: with shifted logits a cached step has
+    no row for the block's first position, and it has no sub-block or in-block cache rule."""
+    cfg = dict(gen_length=32, block_length=32, threshold=0.9, editing_threshold=0.5)
+    with pytest.raises(ValueError, match="editing_threshold .* cannot be used with a shifted-logit model"):
+        generate(_fixture("fastdllmv2-tiny"), PROMPTS[:1], SamplerConfig(**cfg, cache="block"))
+    with pytest.raises(ValueError, match="editing_threshold .* cannot be used with sub_block_length"):
+        generate(_fixture("sdar-tiny"), PROMPTS[:1], SamplerConfig(**cfg, sub_block_length=8))
+
+
+def test_dual_cache_rows_with_hints_decode_as_they_do_alone():
+    """A hint at a sub-block's first position moves a row to that sub-block without a refresh: it reads the previous
+    sub-block's keys/values from its last window, whether its group ran alone or with the whole batch."""
+    model = _fixture("fastdllmv2-tiny", torch.float64)
+    cfg = SamplerConfig(**FAST, threshold=0.5, cache="dual")
+    hints = torch.full((len(PROMPTS), cfg.gen_length), -1, dtype=torch.long)
+    for i, prompt in enumerate(PROMPTS):
+        P = len(prompt)
+        for start in (32, 40, 48, 64, 72):  # first positions of sub-blocks of the generated blocks
+            if 0 <= start - P < cfg.gen_length:
+                hints[i, start - P] = 100 + i
+    batched = generate(model, PROMPTS, cfg, hints=hints)
+    for i, prompt in enumerate(PROMPTS):
+        alone = generate(model, [prompt], cfg, hints=hints[i:i + 1])
+        assert torch.equal(batched.completion_ids[i], alone.completion_ids[0])

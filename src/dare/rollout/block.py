@@ -118,7 +118,8 @@ class BlockForward:
         cache = self.cache if whole else cache_rows(self.cache, idx)
         out = self.model(st.x[rows, s0:s1], attention_mask=self._mask(rows, s0, s1, c1), position_ids=st.pos[rows, s0:s1],
                          request=LogitsRequest(rows=slice(0, s1 - s0 - self.shift)), past_key_values=cache, kv_start=s0)
-        if keep and not whole:
+        if not whole:  # as the whole batch's window writes in place (the reference's block cache too): the fed
+            # sub-block's keys/values stay until the next refresh or window overwrites them
             for i in range(cache.num_layers):
                 self.cache.k[i][idx, :, s0:s1] = cache.k[i][:, :, s0:s1]
                 self.cache.v[i][idx, :, s0:s1] = cache.v[i][:, :, s0:s1]
@@ -261,7 +262,8 @@ def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: i
             logits = _block_logits(fwd, act, open_, c0, c1, i == i0)
             st.count_forward(act if fwd.use_cache and i == i0 else rows)
         x0, score = _propose(st, cfg, remask, rows, logits, total_steps)
-        k = counts[min(i, spb - 1)].expand(rows.numel())
+        # past the schedule (sub-blocks or a block's first token can leave masks): at least one token per step
+        k = counts[min(i, spb - 1)].clamp_min(1 if i >= spb else 0).expand(rows.numel())
         if cfg.factor is not None:
             sel = select_factor(score, eligible, cfg.factor)
         elif dynamic:
@@ -287,6 +289,11 @@ def _editing_block(fwd, st, cfg, remask, act, c0, c1) -> None:
     the random fixture model does it). Should edits keep a block from settling for 4 x block_length + 
     max_post_steps passes, edits stop and the remaining masks are filled (the reference would loop on).
     """
+    for name, bad in (("a shifted-logit model", fwd.shift), ("sub_block_length", cfg.sub_block_length is not None),
+                      ("cache='dual'", fwd.dual)):
+        if bad:
+            raise ValueError(f"editing_threshold (LLaDA2.1 token editing) cannot be used with {name}: its passes "
+                             f"decide the whole block from the block's own rows")
     n = act.numel()
     post = torch.zeros(n, dtype=torch.long, device=st.x.device)
     done = st.finished[act].clone()
