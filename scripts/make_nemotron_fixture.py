@@ -1,0 +1,152 @@
+"""Make tests/assets/fixtures/nemotron-tiny: a tiny random Nemotron-Labs-Diffusion model in its published layout, with
+the logits of the reference model (bidirectional and causal) and greedy decodes of its three decoders.
+
+The reference is the Hub code of nvidia/Nemotron-Labs-Diffusion-{3B,8B} (``modeling_nemotron_labs_diffusion.py``,
+``configuration_nemotron_labs_diffusion.py`` and the vendored backbone ``modeling_ministral.py``; NVIDIA). The Hub is
+not reachable here; the copies used are public GitHub files read through a code index:
+
+- ``modeling_ministral.py`` and ``configuration_nemotron_labs_diffusion.py``: Athe-kunal/thinking-fast-slow at
+  4b6f45e9a2e708102c778cd6dfa170d1542130b5, ``src/nemotron/`` (a local copy of the Hub folder);
+- ``modeling_nemotron_labs_diffusion.py``: the same folder's file as the index holds it (index file id 56506952231;
+  the index names no repository for a file of its size). Its function line numbers agree with an independent guide
+  to the Hub file (linyewei526/Nemotron-Labs-Diffusion@5244226 ``configs/basis/..._decode_code_guide_zh.md``);
+- ``config.json``: the published 8B config (transformers_version 5.0.0), as quoted in full by several public copies.
+
+The reference code is never committed. Run this in a throwaway venv, from the repository root:
+
+    python3 -m venv /tmp/venv-nld
+    /tmp/venv-nld/bin/pip install torch==2.13.0 transformers==5.0.0 safetensors numpy
+    /tmp/venv-nld/bin/python scripts/make_nemotron_fixture.py --reference DIR   # DIR: the three .py files + config.json
+
+The tiny config is the published one with the sizes shrunk (2 layers, hidden 64, 4 heads of 16, 2 KV heads,
+vocabulary 512) and the fixtures' ids (mask 500, eos 501, bos 503). YaRN and the Llama-4 query scale keep their
+published parameters except ``original_max_position_embeddings`` (16384 -> 32, ``max_position_embeddings`` 512 =
+16 x 32), so that both act at the fixture's positions (the scale is 1 below the original length). The mask token's
+head row is zeroed, as the published model never predicts its mask token (a random one would, and a committed mask
+stays a mask). Weights are the reference's init with ``initializer_range`` 0.5 ("peaky": greedy choices far from
+ties).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+OUT = Path(__file__).resolve().parents[1] / "tests/assets/fixtures/nemotron-tiny"
+SOURCE = ("Athe-kunal/thinking-fast-slow@4b6f45e9a2e708102c778cd6dfa170d1542130b5 src/nemotron/ (modeling_ministral.py, "
+          "configuration_nemotron_labs_diffusion.py); modeling_nemotron_labs_diffusion.py: code-index file 56506952231")
+FILES = ("modeling_nemotron_labs_diffusion.py", "configuration_nemotron_labs_diffusion.py", "modeling_ministral.py")
+MASK, EOS, BOS = 500, 501, 503
+TINY = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 512,
+        "mask_token_id": MASK, "eos_token_id": EOS, "bos_token_id": BOS, "torch_dtype": "float32",
+        "initializer_range": 0.5}
+ORIGINAL_MAX = 32
+# generate(): prompt lengths x (max_new_tokens, block_length, threshold, causal_context)
+PROMPT_LENGTHS = [5, 12, 40]
+GENERATE = [(64, 32, None, True), (64, 32, 0.9, True), (64, 16, 0.5, True), (48, 16, None, False), (64, 32, 0.7, False)]
+AR_NEW = 24
+SPEC = [(40, 16, 0.0), (40, 8, 0.9)]  # linear_spec_generate: (max_new_tokens, block_length, threshold)
+
+
+def load_reference(folder: Path):
+    """Import the Hub files as a package (they import each other relatively)."""
+    pkg = Path(tempfile.mkdtemp()) / "nemotron_ref"
+    pkg.mkdir()
+    for name in FILES:
+        shutil.copy(folder / name, pkg / name)
+    (pkg / "__init__.py").write_text("")
+    sys.path.insert(0, str(pkg.parent))
+    modeling = importlib.import_module("nemotron_ref.modeling_nemotron_labs_diffusion")
+    configuration = importlib.import_module("nemotron_ref.configuration_nemotron_labs_diffusion")
+    return modeling, configuration
+
+
+def _set_diffusion_lm(model, value: bool) -> None:
+    for layer in model.encoder.layers:
+        layer.self_attn.diffusion_lm = value
+
+
+def run(folder: Path) -> None:
+    modeling, configuration = load_reference(folder)
+    published = json.loads((folder / "config.json").read_text())
+    cfg = {k: v for k, v in {**published, **TINY}.items() if k not in ("architectures", "auto_map", "transformers_version")}
+    cfg["rope_parameters"] = {**published["rope_parameters"], "original_max_position_embeddings": ORIGINAL_MAX}
+    config = configuration.NemotronLabsDiffusionConfig(**cfg)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = modeling.NemotronLabsDiffusionModel(config).float().eval()
+    with torch.no_grad():
+        model.diffusion_head.weight[MASK] = 0.0
+    OUT.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(OUT, safe_serialization=True)
+    saved = json.loads((OUT / "config.json").read_text())
+    saved.update(architectures=published["architectures"], auto_map=published["auto_map"])
+    (OUT / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 500, (3, 80), generator=g)  # positions past 32 and 64: YaRN and the Llama-4 scale
+    ids[0, 36:44] = MASK
+    ids[1, 50:80:2] = MASK
+    with torch.no_grad():
+        bidirectional = model(ids).logits  # the published paradigm: full attention, logit i predicts token i
+        _set_diffusion_lm(model, False)
+        causal = model(ids, use_causal_mask=True).logits  # the AR mode of the prefill and ar_generate: row i predicts i+1
+        _set_diffusion_lm(model, True)
+    torch.save({"input_ids": ids, "logits": bidirectional.float(), "logits_causal": causal.float()},
+               OUT / "expected_logits.pt")
+
+    cases = []
+    for length in PROMPT_LENGTHS:
+        prompt = torch.randint(0, 500, (1, length), generator=g)
+        for new, block, threshold, causal_context in GENERATE:
+            with torch.no_grad():
+                out, nfe = model.generate(prompt.clone(), max_new_tokens=new, block_length=block, threshold=threshold,
+                                          causal_context=causal_context, temperature=0.0, eos_token_id=EOS)
+            _set_diffusion_lm(model, True)
+            cases.append({"decoder": "nemotron.generate", "prompt": prompt[0].tolist(), "max_new_tokens": new,
+                          "block_length": block, "threshold": threshold, "causal_context": causal_context,
+                          "temperature": 0.0, "eos_token_id": EOS, "output": out[0].tolist(), "nfe": nfe,
+                          "required": True})
+        # the stop logic: the same decode with its most frequent generated token as the stop token (the random model
+        # never writes the config's eos), so it ends early with the block's or the batch's stop rule
+        stop = int(torch.tensor(cases[-len(GENERATE)]["output"][length:]).mode().values)
+        for new, block, threshold, causal_context in (GENERATE[0], GENERATE[3]):
+            with torch.no_grad():
+                out, nfe = model.generate(prompt.clone(), max_new_tokens=new, block_length=block, threshold=threshold,
+                                          causal_context=causal_context, temperature=0.0, eos_token_id=stop)
+            _set_diffusion_lm(model, True)
+            cases.append({"decoder": "nemotron.generate", "prompt": prompt[0].tolist(), "max_new_tokens": new,
+                          "block_length": block, "threshold": threshold, "causal_context": causal_context,
+                          "temperature": 0.0, "eos_token_id": stop, "output": out[0].tolist(), "nfe": nfe,
+                          "required": True})
+        with torch.no_grad():
+            out, nfe = model.ar_generate(prompt.clone(), max_new_tokens=AR_NEW, temperature=0.0, eos_token_id=EOS)
+        _set_diffusion_lm(model, True)  # ar_generate leaves every layer causal
+        cases.append({"decoder": "nemotron.ar_generate", "prompt": prompt[0].tolist(), "max_new_tokens": AR_NEW,
+                      "temperature": 0.0, "eos_token_id": EOS, "output": out[0].tolist(), "nfe": nfe, "required": True})
+        for new, block, threshold in SPEC:
+            with torch.no_grad():
+                out, nfe = model.linear_spec_generate(prompt.clone(), max_new_tokens=new, block_length=block,
+                                                      temperature=0.0, eos_token_id=EOS, threshold=threshold)
+            _set_diffusion_lm(model, True)
+            cases.append({"decoder": "nemotron.linear_spec_generate", "prompt": prompt[0].tolist(),
+                          "max_new_tokens": new, "block_length": block, "threshold": threshold, "temperature": 0.0,
+                          "eos_token_id": EOS, "output": out[0].tolist(), "nfe": nfe, "required": True})
+    meta = {"reference": SOURCE, "transformers": __import__("transformers").__version__, "torch": torch.__version__,
+            "mask_token_id": MASK, "eos_token_id": EOS, "bos_token_id": BOS, "cases": cases}
+    (OUT / "expected_generate.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {OUT}: {len(cases)} decodes")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reference", type=Path, required=True,
+                    help="a folder with the Hub's three .py files and its config.json")
+    run(ap.parse_args().reference)
