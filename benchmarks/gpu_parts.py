@@ -100,7 +100,8 @@ def correctness(ctx: Context) -> list[dict]:
             cases = cases[:2] + [c for c in cases if c.dtype == torch.bfloat16][:1]
         equal = {torch.float32: [0, 0], torch.bfloat16: [0, 0]}
         for case in cases:
-            r = generate(models[case.dtype], [case.prompt], case.config)
+            hints = None if case.hints is None else case.hints.to(ctx.device)
+            r = generate(models[case.dtype], [case.prompt], case.config, hints=hints)
             got = r.completion_ids[0].tolist()[:len(case.expected)]
             equal[case.dtype][0] += got == case.expected
             equal[case.dtype][1] += 1

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tests.rollout.fixture_cases import FOLDERS
 from tests.scripts import load_script
 
 
@@ -20,7 +21,7 @@ def test_quick_cpu_mode_runs_every_part_and_writes_the_tables(tmp_path):
     assert list(results) == list(check.PARTS)
     assert {p: r["status"] for p, r in results.items()} == {p: "ok" for p in check.PARTS}
     families = [r["family"] for r in results["correctness"]["rows"]]
-    assert len(families) == 7 and all(r["ok"] for r in results["correctness"]["rows"])
+    assert families == FOLDERS and all(r["ok"] for r in results["correctness"]["rows"])
     assert all(r["fp32 vs reference"] <= 1e-4 for r in results["correctness"]["rows"])
     backends = [r for r in results["backends"]["rows"] if "ok" in r]
     assert {(r["family"], r["dtype"]) for r in backends} == {(f, d) for f in ("llada", "dream", "sdar")
