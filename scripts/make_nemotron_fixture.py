@@ -73,6 +73,16 @@ def _set_diffusion_lm(model, value: bool) -> None:
         layer.self_attn.diffusion_lm = value
 
 
+def _decode(model, decoder: str, prompt: torch.Tensor, eos: int, **settings) -> dict:
+    """One greedy decode of the reference's ``decoder`` as a fixture case. Every layer is set back to the published
+    paradigm afterwards (``ar_generate`` leaves them causal)."""
+    with torch.no_grad():
+        out, nfe = getattr(model, decoder)(prompt.clone(), **settings, temperature=0.0, eos_token_id=eos)
+    _set_diffusion_lm(model, True)
+    return {"decoder": f"nemotron.{decoder}", "prompt": prompt[0].tolist(), **settings, "temperature": 0.0,
+            "eos_token_id": eos, "output": out[0].tolist(), "nfe": nfe, "required": True}
+
+
 def run(folder: Path) -> None:
     modeling, configuration = load_reference(folder)
     published = json.loads((folder / "config.json").read_text())
@@ -106,39 +116,18 @@ def run(folder: Path) -> None:
     for length in PROMPT_LENGTHS:
         prompt = torch.randint(0, 500, (1, length), generator=g)
         for new, block, threshold, causal_context in GENERATE:
-            with torch.no_grad():
-                out, nfe = model.generate(prompt.clone(), max_new_tokens=new, block_length=block, threshold=threshold,
-                                          causal_context=causal_context, temperature=0.0, eos_token_id=EOS)
-            _set_diffusion_lm(model, True)
-            cases.append({"decoder": "nemotron.generate", "prompt": prompt[0].tolist(), "max_new_tokens": new,
-                          "block_length": block, "threshold": threshold, "causal_context": causal_context,
-                          "temperature": 0.0, "eos_token_id": EOS, "output": out[0].tolist(), "nfe": nfe,
-                          "required": True})
+            cases.append(_decode(model, "generate", prompt, EOS, max_new_tokens=new, block_length=block,
+                                 threshold=threshold, causal_context=causal_context))
         # the stop logic: the same decode with its most frequent generated token as the stop token (the random model
         # never writes the config's eos), so it ends early with the block's or the batch's stop rule
         stop = int(torch.tensor(cases[-len(GENERATE)]["output"][length:]).mode().values)
         for new, block, threshold, causal_context in (GENERATE[0], GENERATE[3]):
-            with torch.no_grad():
-                out, nfe = model.generate(prompt.clone(), max_new_tokens=new, block_length=block, threshold=threshold,
-                                          causal_context=causal_context, temperature=0.0, eos_token_id=stop)
-            _set_diffusion_lm(model, True)
-            cases.append({"decoder": "nemotron.generate", "prompt": prompt[0].tolist(), "max_new_tokens": new,
-                          "block_length": block, "threshold": threshold, "causal_context": causal_context,
-                          "temperature": 0.0, "eos_token_id": stop, "output": out[0].tolist(), "nfe": nfe,
-                          "required": True})
-        with torch.no_grad():
-            out, nfe = model.ar_generate(prompt.clone(), max_new_tokens=AR_NEW, temperature=0.0, eos_token_id=EOS)
-        _set_diffusion_lm(model, True)  # ar_generate leaves every layer causal
-        cases.append({"decoder": "nemotron.ar_generate", "prompt": prompt[0].tolist(), "max_new_tokens": AR_NEW,
-                      "temperature": 0.0, "eos_token_id": EOS, "output": out[0].tolist(), "nfe": nfe, "required": True})
+            cases.append(_decode(model, "generate", prompt, stop, max_new_tokens=new, block_length=block,
+                                 threshold=threshold, causal_context=causal_context))
+        cases.append(_decode(model, "ar_generate", prompt, EOS, max_new_tokens=AR_NEW))
         for new, block, threshold in SPEC:
-            with torch.no_grad():
-                out, nfe = model.linear_spec_generate(prompt.clone(), max_new_tokens=new, block_length=block,
-                                                      temperature=0.0, eos_token_id=EOS, threshold=threshold)
-            _set_diffusion_lm(model, True)
-            cases.append({"decoder": "nemotron.linear_spec_generate", "prompt": prompt[0].tolist(),
-                          "max_new_tokens": new, "block_length": block, "threshold": threshold, "temperature": 0.0,
-                          "eos_token_id": EOS, "output": out[0].tolist(), "nfe": nfe, "required": True})
+            cases.append(_decode(model, "linear_spec_generate", prompt, EOS, max_new_tokens=new, block_length=block,
+                                 threshold=threshold))
     meta = {"reference": SOURCE, "transformers": __import__("transformers").__version__, "torch": torch.__version__,
             "mask_token_id": MASK, "eos_token_id": EOS, "bos_token_id": BOS, "cases": cases}
     (OUT / "expected_generate.json").write_text(json.dumps(meta, indent=1) + "\n")
