@@ -107,11 +107,10 @@ class BlockForward:
             self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
         self.rows = rows
 
-    def window(self, rows, c0: int, c1: int, s0: int, s1: int, keep: bool) -> torch.Tensor:
-        """Dual cache inside block [c0, c1): feed [s0, s1) against the cache, which holds the block's keys/values
-        from its last refresh (its slots are written over); ``keep``: the fed keys/values become the block's (a
-        refresh). Prediction logits [n, s1 - s0, V]; with shifted logits the window's first position reuses its own
-        row (it is never decided on such a step)."""
+    def window(self, rows, c0: int, c1: int, s0: int, s1: int) -> torch.Tensor:
+        """Dual cache inside block [c0, c1): feed [s0, s1) against the cache, which holds the block's keys/values;
+        the fed ones replace theirs (a refresh feeds the whole block). Prediction logits [n, s1 - s0, V]; with
+        shifted logits the window's first position reuses its own row (it is never decided on such a step)."""
         st = self.st
         whole = rows.numel() == self.rows.numel()
         idx = None if whole else torch.searchsorted(self.rows, rows)
@@ -217,7 +216,7 @@ def _dual_logits(fwd, st, rows, c0: int, c1: int, eligible: torch.Tensor, refres
     for key in sorted({-1 if bool(r) else int(s) for r, s in zip(refresh.tolist(), s0.tolist())}):
         g = refresh if key < 0 else ~refresh & (s0 == key)
         a, z = (0, B) if key < 0 else (key, key + size)
-        lg = fwd.window(rows[g], c0, c1, c0 + a, c0 + z, keep=key < 0)
+        lg = fwd.window(rows[g], c0, c1, c0 + a, c0 + z)
         st.count_forward(rows[g])
         if out is None:
             out = lg.new_zeros((n, B, lg.shape[-1]))
