@@ -105,7 +105,7 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
         # block-causal attention makes the shared part the same, so its tokens are compared.
         B = c["block_size"]
         cfg = SamplerConfig(gen_length=c["max_new_tokens"], block_length=B, steps_per_block=B, remasking="dynamic",
-                            threshold=min(float(c["threshold"]), 1.0), sub_block_length=c["small_block_size"],
+                            threshold=float(c["threshold"]), sub_block_length=c["small_block_size"],
                             cache="dual" if c["use_block_cache"] else "none", stop_token_ids=[c["stop_token"]],
                             block_stop=True)
         gen, stops = c["output"][P:], [c["stop_token"]]

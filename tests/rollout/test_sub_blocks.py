@@ -91,8 +91,9 @@ def test_shifted_block_first_token_comes_alone_from_the_previous_block():
         for start in range(-(-P // 32) * 32, P + cfg.gen_length, 32):
             first = sm[start - P]
             assert (sm[start - P + 1:start - P + 32] > first).all()
-        if P % 32:  # the prompt's block: threshold steps from its first step, no lone token
-            assert int((sm[:32 - P % 32] == sm[:32 - P % 32].min()).sum()) >= 1
+        if P % 32:  # the prompt's block: a threshold step from its first step, not a lone token (8 here: the whole
+            # first sub-block clears the threshold)
+            assert int((sm[:32 - P % 32] == 0).sum()) > 1
 
 
 @pytest.mark.parametrize("name", ["fastdllmv2-tiny", "sdar-tiny"])
