@@ -1,5 +1,5 @@
 """Make tests/assets/fixtures/fastdllmv2-tiny: a tiny random Fast-dLLM v2 in its published layout, with the logits of
-the reference model and greedy decodes of the reference ``generate``.
+the reference model, greedy decodes of the reference ``generate`` and the loss of its training forward.
 
 The reference is the Hub code of Efficient-Large-Model/Fast_dLLM_v2_7B (``modeling.py``, ``configuration.py``,
 ``config.json``; NVIDIA, Apache-2.0), which pins transformers 4.53.1. The Hub is not reachable here; the copy used is
@@ -86,6 +86,8 @@ def run(folder: Path) -> None:
         logits = model(input_ids=ids).logits  # eval forward: block-causal over blocks of 32, unshifted rows
     torch.save({"input_ids": ids, "logits": logits.float(), "block_size": 32}, OUT / "expected_logits.pt")
 
+    record_training_loss(model)
+
     cases = []
     for length in PROMPT_LENGTHS:
         prompt = torch.randint(0, 500, (1, length), generator=g)
@@ -104,6 +106,42 @@ def run(folder: Path) -> None:
             "cases": cases}
     (OUT / "expected_generate.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {OUT}: {len(cases)} decodes")
+
+
+def record_training_loss(model) -> None:
+    """expected_loss.pt: the reference's training forward (train mode, ``labels`` given) on two rows of two blocks,
+    with the prompt's labels -100. It draws one t per block of 32 (``torch.rand((b,))``), then the token draws
+    (``torch.rand((b, l))``); masks the answer tokens with draw < (1 - 1e-3) t + 1e-3 and, in a second batch row
+    group, the answer tokens it left visible (the complement), each over [x_t ; x_0]; and returns the shifted
+    next-token cross-entropy over every masked answer token of both, averaged. The draws are recorded as drawn."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 500, (2, 64), generator=g)
+    labels = ids.clone()
+    labels[0, :20] = -100  # prompts of 20 and 41 tokens
+    labels[1, :41] = -100
+    draws, rand = [], torch.rand
+
+    def recording_rand(*args, **kwargs):
+        out = rand(*args, **kwargs)
+        draws.append(out.clone())
+        return out
+
+    # Its training attention is FlexAttention under torch.compile (CUDA kernels); on this CPU the same op runs eager.
+    from torch.nn.attention.flex_attention import flex_attention
+    modeling = sys.modules[type(model).__module__]
+    modeling.fused_flex_attention = lambda q, k, v, mask=None: flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+    model.train()
+    torch.manual_seed(3)
+    torch.rand = recording_rand
+    try:
+        with torch.no_grad():  # the loss's value; FlexAttention has no backward on a CPU
+            loss = model(input_ids=ids.clone(), labels=labels.clone(), mask_id=MASK).loss
+    finally:
+        torch.rand = rand
+        model.eval()
+    assert [tuple(d.shape) for d in draws] == [(4,), (4, 32)], [d.shape for d in draws]
+    torch.save({"input_ids": ids, "labels": labels, "t_draws": draws[0], "token_draws": draws[1], "eps": 1e-3,
+                "block_size": 32, "loss": loss.detach().float()}, OUT / "expected_loss.pt")
 
 
 if __name__ == "__main__":

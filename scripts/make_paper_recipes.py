@@ -18,7 +18,7 @@ import json
 import math
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -124,66 +124,8 @@ MODELS = [
           "LLaDA2.0-mini (16B total / 1.4B active MoE, block 32)", grad_sync="every"),
 ]
 
-
-@dataclass
-class Adjust:
-    """A method's departure from the unified rollout / its own defaults, with the reason (keyed by the registry name;
-    every key must be a registered algorithm)."""
-    why: str
-    algorithm: dict = field(default_factory=dict)  # fixed keys
-    per_task: dict = field(default_factory=dict)  # task -> algorithm keys
-    per_kind: dict = field(default_factory=dict)  # attention kind -> algorithm keys
-    single_block: bool = False  # masked models: one block of gen_length (the method needs every position predicted)
-    sampler: dict = field(default_factory=dict)
-    merge_blocks_on: tuple = ()  # attention kinds where algorithm.shrink = steps per block (one transition per block)
-    rollout_micro_batch: int = 0  # single-block masked models: prompts per generate() call per rank (0: all at once)
-    micro_batch_divisor: int = 1  # train.micro_batch_size = the task's / this (a method that batches its draws)
-
-
-ADJUST = {
-    "mdpo": Adjust("MDPO rewards every step's whole-answer prediction: single-block rollouts with the trajectory recorded "
-                   "(docs/algorithms/mdpo.md); its logit temperature = the rollout temperature (reference)",
-                   single_block=True, sampler={"record_trajectory": True, "block_stop": False}, rollout_micro_batch=1),
-    "cj_grpo": Adjust("CJ-GRPO replays every decoding step; on masked models (256 steps) they are merged to one "
-                      "transition per block (DARE's step_merge: #blocks forwards), block models replay every step "
-                      "(their blocks replay in parallel: steps-per-block forwards); EOSER/ASS off as in DARE's port "
-                      "(the unified decoding)", merge_blocks_on=("bidirectional",),
-                      per_kind={"block_causal": {"shrink": 1}}),
-    "tracerl": Adjust("TraceRL's trajectory shrinkage: 8 on full attention (rl_llada.yaml), 1 on block models "
-                      "(rl_sdar.yaml)", per_kind={"bidirectional": {"shrink": 8}, "block_causal": {"shrink": 1}}),
-    "justgrpo": Adjust("JustGRPO's rollouts decode this sampler one token per step, left to right (block length 1, "
-                       "steps = gen_length: the method's own rollout, docs/algorithms/justgrpo.md)"),
-    "dtreerpo": Adjust("d-TreeRPO's tree replaces the group: 2 trunks x 4 branches = 8 leaves per prompt, the unified "
-                       "group size (the authors' 4 x 4 = 16; docs/algorithms/dtreerpo.md)",
-                       algorithm={"trunks": 2, "branch_factor": 4}),
-    "d2_anyorder": Adjust("d2-AnyOrder scores the any-order sampler's own conditionals: rollout.sampler.any_order "
-                          "(masks see only decoded tokens; 2 tokens per step at the unified steps = gen_length / 2, as "
-                          "the authors). It needs a checkpoint fine-tuned any-order (the authors': "
-                          "GuanghanWang/d2_anyorder_causal_llada_intellectsft_gsm8k); docs/algorithms/d2_anyorder.md",
-                          sampler={"any_order": True}),
-    "d2_stepmerge": Adjust("d2-StepMerge segments N = gen_length / 32: one segment per 32-token block, as the authors' "
-                           "GSM8K and MATH scripts (N = steps / steps per block)",
-                           per_task={"math": {"segments": 16}, "code": {"segments": 16}, "countdown": {"segments": 8},
-                                     "sudoku": {"segments": 8}}),
-    "egspo": Adjust("EGSPO trains each completion's highest-entropy denoising steps: the sampler records the predictive "
-                    "entropy of every committed token (record_entropy; docs/algorithms/egspo.md)",
-                    sampler={"record_entropy": True}),
-    "egspo_sa": Adjust("EGSPO-SA trains each completion's highest-entropy denoising steps: the sampler records the "
-                       "predictive entropy of every committed token (record_entropy; docs/algorithms/egspo_sa.md)",
-                       sampler={"record_entropy": True}),
-    "d_opsd": Adjust("d-OPSD's pass@8 retries are off (passk 1): the unified group of 8 completions is each prompt's 8 "
-                     "tries, each distilled when correct (the authors retry one completion up to 8 times); every block "
-                     "is decoded (block_stop false) as the authors' sampler does; the authors' task values: Sudoku "
-                     "distils rollouts with cell accuracy >= 0.25, math clips at 0.04 (docs/algorithms/d_opsd.md)",
-                     algorithm={"passk": 1}, sampler={"block_stop": False},
-                     per_task={"sudoku": {"train_reward": 0.25}, "math": {"token_clip": 0.04}}),
-    "spg": Adjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku); "
-                  "train.micro_batch_size a quarter of the task's: SPG scores a micro-batch's 16 draws in one forward "
-                  "(16 sequences per forward at math, 32 at countdown), and at the task's micro-batch the 64-128 "
-                  "sequences' activations would not fit beside LLaDA2.0-mini's states (dare plan)",
-                  per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
-                            "sudoku": {"eubo_beta": 1.0}}, micro_batch_divisor=4),
-}
+# A method's departures from the unified settings below live in its manifest (``Algorithm.grid``, a
+# ``dare.algorithms.paper.GridAdjust``), with the reason; no list here names a method.
 
 TEMPERATURE = 1.0  # rollout sampling temperature (most methods' rollouts; d1 uses 0.9)
 
@@ -196,9 +138,6 @@ def registry():
     from dare.algorithms import ALGORITHMS, load_builtin_algorithms
     from dare.algorithms.matrix import family_attention
     load_builtin_algorithms()
-    unknown = sorted(set(ADJUST) - set(ALGORITHMS))
-    if unknown:
-        raise SystemExit(f"ADJUST names unregistered algorithm(s) {unknown}")
     return ALGORITHMS, family_attention()
 
 
@@ -213,7 +152,8 @@ def grid():
     return out
 
 
-def sampler(m: Model, kind: str, task: Task, adjust: Adjust | None, temperature: float) -> dict:
+def sampler(m: Model, kind: str, task: Task, adjust, temperature: float) -> dict:
+    """The rollout sampler of a cell (``adjust``: the method's ``GridAdjust`` or None)."""
     block = m.block_size if kind == "block_causal" else MASKED_BLOCK
     if adjust and adjust.single_block and kind != "block_causal":
         block = task.gen_length
@@ -230,7 +170,8 @@ def build(m: Model, name: str, task_name: str):
     """(recipe dict, header lines) of one cell."""
     algos, attention = registry()
     cls, kind, task = algos[name], attention[m.family], TASKS[task_name]
-    adjust = ADJUST.get(name)
+    from dare.algorithms.paper import own
+    adjust = own(cls, "grid")  # the method's departures from the unified settings (its manifest)
     fields = {f.name: f for f in dataclasses.fields(cls.config_class)}
     algo = {"name": name}
     notes = []

@@ -264,3 +264,48 @@ def test_keep_weight_scores_the_unchanged_visible_answer_tokens():
     assert torch.equal(views[1].weight, masked.float() + 0.5 * edited.float() + 2.0 * kept.float())
     with pytest.raises(ValueError, match="needs edit_ratio > 0"):
         SFTConfig(keep_weight=1.0)
+
+
+def test_complementary_pair_matches_fast_dllm_v2_reference_training_loss(monkeypatch):
+    """Fast-dLLM v2's training objective (t_per_block + complementary, flat CE over the masked tokens of the pair):
+    with the reference's own draws (one t per block of 32, then the token draws; tests/assets/fixtures/fastdllmv2-tiny,
+    expected_loss.pt) SFT's corruption makes the reference's two masks and its loss equals the reference's."""
+    import dare.algorithms.sft as sft
+    r = torch.load(FIXTURES / "fastdllmv2-tiny" / "expected_loss.pt")
+    model = load_model(FIXTURES / "fastdllmv2-tiny", mask_token_id=500)
+    ids, labels, bs = r["input_ids"], r["labels"], r["block_size"]
+    rows = []
+    for i in range(ids.shape[0]):
+        p = int((labels[i] == -100).sum())
+        rows.append([SFTDoc(i, ids[i, :p].tolist(), ids[i, p:].tolist())])
+    batch = sft_rows_batch(rows, [0, 1], 1, False)
+    nb = ids.shape[1] // bs
+    times = iter(r["t_draws"].tolist())  # row by row, block by block: the order corrupt() draws them in
+    tokens = iter(r["token_draws"].view(ids.shape[0], -1))
+    real_rand = torch.rand
+    monkeypatch.setattr(sft, "sample_time", lambda g, lo, hi, eps: (1 - eps) * next(times) + eps)
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None: next(tokens) if n == ids.shape[1] else real_rand(n))
+    algo = build_algorithm(SFTConfig(weighting="uniform", normalize="masked_tokens", t_per_block=True,
+                                     complementary=True))
+    ctx = StepContext(step=0, seed=0, adapter=model.adapter)
+    stages.prepare(algo, ctx, batch, model)
+    monkeypatch.undo()
+    noisy, other = batch.views[0]
+    t = (1 - r["eps"]) * r["t_draws"].view(-1, nb).repeat_interleave(bs, 1) + r["eps"]
+    masked = (r["token_draws"].view(ids.shape[0], -1) < t) & (labels != -100)
+    assert torch.equal(noisy.targets, masked) and torch.equal(other.targets, ~masked & (labels != -100))
+    ctx.norms = algo.normalizers(batch)
+    assert ctx.norms["masked_tokens"] == float((labels != -100).sum())  # the pair masks every answer token once
+    with torch.no_grad():
+        loss = algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch.views[0]), 0)[0]
+    assert abs(loss.item() - r["loss"].item()) < 1e-4, (loss.item(), r["loss"].item())
+
+
+def test_per_block_times_and_complement_need_a_block_model():
+    with pytest.raises(ValueError, match="complementary .* needs weighting uniform"):
+        SFTConfig(complementary=True)
+    algo = build_algorithm(SFTConfig(weighting="uniform", t_per_block=True))
+    model = tiny("llada", tokenizer=tiny_tokenizer(), num_layers=1)
+    batch = sft_rows_batch([[d] for d in _docs(2)], [0, 1], 1, False)
+    with pytest.raises(ValueError, match="Fast-dLLM v2's training noise for block-diffusion models"):
+        algo.corrupt(StepContext(step=0, seed=0, adapter=model.adapter), batch, 0)

@@ -288,7 +288,9 @@ def test_selection_rules():
     (dict(gen_length=30, block_length=8), "llada", "gen_length=30 must be a multiple of block_length=8"),
     (dict(gen_length=32, block_length=8, steps=30), "llada", "steps=30 must be divisible"),
     (dict(cache="prefix"), "sdar", "cache='prefix' cannot be used"),
-    (dict(cache="block"), "llada", "cache='block' cannot be used"),
+    (dict(cache="causal"), "llada", "cache='causal' cannot be used"),  # its weights have no causal mode
+    (dict(cache="block"), "dream", "cache='block' cannot be used"),  # shifted logits
+    (dict(cfg_scale=1.0, cache="block"), "llada", "cfg_scale cannot be used with cache='block'"),
     (dict(editing_threshold=0.5, threshold=0.7), "llada", "editing_threshold"),
     (dict(cfg_scale=1.0, cache="block"), "sdar", "cfg_scale"),
     (dict(remasking="origin", cache="block"), "sdar", "remasking='origin'"),

@@ -127,7 +127,7 @@ def test_sub_block_settings_are_checked():
     with pytest.raises(ValueError, match="sub_block_length .* needs a block-diffusion model"):
         generate(tiny("llada", seed=3), PROMPTS, SamplerConfig(gen_length=16, block_length=16, sub_block_length=8))
     kinds = {f: tiny_adapter(f).cache_kinds for f in ("llada", "fast_dllm_v2", "diffusion_gemma")}
-    assert kinds == {"llada": ("none", "prefix", "dual"), "fast_dllm_v2": ("none", "block", "dual"),
+    assert kinds == {"llada": ("none", "prefix", "dual", "block"), "fast_dllm_v2": ("none", "block", "dual"),
                      "diffusion_gemma": ("none", "block")}
 
 

@@ -221,6 +221,11 @@ class Algorithm:
     # RL methods: the authors' optimizer / rollout / per-task settings (``dare.algorithms.paper``), used by
     # ``dare compare`` to give each method its own paper's relative settings. None for methods without rollouts.
     paper: ClassVar[Optional["PaperSettings"]] = None  # noqa: F821 (dare.algorithms.paper)
+    # The rest of its manifest (``dare.algorithms.paper``), each declared on the class itself (not inherited): its
+    # departures from the paper grid's unified settings (scripts/make_paper_recipes.py), and the factor ``dare
+    # compare`` measured on its paper-relative lr on the tiny checkpoints (None: its paper's ratio works there).
+    grid: ClassVar[Optional["GridAdjust"]] = None  # noqa: F821
+    departure: ClassVar[Optional["LrDeparture"]] = None  # noqa: F821
     # The corruption draws nothing (a replay of the rollout's trace): every inner iteration scores the views of the
     # first, which the prepare stage then scores once.
     deterministic_views: ClassVar[bool] = False

@@ -34,7 +34,7 @@ from .base import StepContext, cost
 from .batch import RLBatch
 from .common.replay import ReplayAlgorithm, ReplayConfig
 from .grpo import AdvantageMode
-from .paper import PaperSettings
+from .paper import GridAdjust, PaperSettings
 from .registry import register_algorithm
 
 
@@ -65,6 +65,11 @@ class CJGRPO(ReplayAlgorithm):
         source="yjyddq/EOSER-ASS-RL cj-grpo/slurm_scripts/train.yaml (lr, max_grad_norm, temperature, use_peft, lora_r, "
                "lora_alpha); cj-grpo/slurm_scripts/sudoku_run.sh (NUM_ITER=8, --decoding eoser-ass)",
         per_task={"sudoku": {"algorithm": {"inner_iterations": 8}}})
+    grid = GridAdjust("CJ-GRPO replays every decoding step; on masked models (256 steps) they are merged to one "
+                      "transition per block (DARE's step_merge: #blocks forwards), block models replay every step "
+                      "(their blocks replay in parallel: steps-per-block forwards); EOSER/ASS off as in DARE's port "
+                      "(the unified decoding)", merge_blocks_on=("bidirectional",),
+                      per_kind={"block_causal": {"shrink": 1}})
     config_class = CJGRPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

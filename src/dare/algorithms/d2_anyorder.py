@@ -27,7 +27,7 @@ from ..diffusion.anyorder import anyorder_inputs
 from .base import StepContext, cost
 from .batch import RLBatch, View
 from .grpo import AdvantageMode, GRPOAlgorithm, GRPOConfig
-from .paper import PaperSettings
+from .paper import GridAdjust, PaperSettings
 from .registry import register_algorithm
 
 
@@ -74,6 +74,11 @@ class D2AnyOrder(GRPOAlgorithm):
         source="kuleshov-group/d2 diffu-grpo-ao/bash_scripts/anyorder_gsm8k_d2anyorder.sh (learning_rate 1e-6, "
                "NUM_ITER 2, num_generations 8), train.yaml (max_grad_norm, lora_r, lora_alpha), diffu_grpo_config.py "
                "(temperature 0.9); the only released task is GSM8K")
+    grid = GridAdjust("d2-AnyOrder scores the any-order sampler's own conditionals: rollout.sampler.any_order "
+                      "(masks see only decoded tokens; 2 tokens per step at the unified steps = gen_length / 2, as "
+                      "the authors). It needs a checkpoint fine-tuned any-order (the authors': "
+                      "GuanghanWang/d2_anyorder_causal_llada_intellectsft_gsm8k); docs/algorithms/d2_anyorder.md",
+                      sampler={"any_order": True})
     config_class = D2AnyOrderConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {

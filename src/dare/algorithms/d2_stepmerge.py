@@ -33,7 +33,7 @@ from .batch import RLBatch
 from .common.replay import ReplayAlgorithm, ReplayConfig, completion_block_ids
 from .common.views import prompt_masks
 from .grpo import AdvantageMode
-from .paper import PaperSettings
+from .paper import GridAdjust, PaperSettings
 from .registry import register_algorithm
 
 
@@ -109,6 +109,10 @@ class D2StepMerge(ReplayAlgorithm):
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 8, "segments": 8}},
                   "countdown": {"algorithm": {"inner_iterations": 8, "segments": 16}},
                   "math": {"algorithm": {"segments": 16}}})
+    grid = GridAdjust("d2-StepMerge segments N = gen_length / 32: one segment per 32-token block, as the authors' "
+                      "GSM8K and MATH scripts (N = steps / steps per block)",
+                      per_task={"math": {"segments": 16}, "code": {"segments": 16}, "countdown": {"segments": 8},
+                                "sudoku": {"segments": 8}})
     config_class = D2StepMergeConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

@@ -48,7 +48,7 @@ from .common.scoring import backward_each_view
 from .common.states import chunk_plan, first_stop, recorded_states, step_table
 from .common.views import completion_view
 from .losses import topk_divergence
-from .paper import PaperSettings
+from .paper import GridAdjust, PaperSettings
 from .registry import register_algorithm
 
 
@@ -179,6 +179,12 @@ class DOPSD(Algorithm):
                "l.291-296 (temperature 0.9); run/math/opsd.sh (jsd_token_clip 0.04), run/sudoku/opsd.sh "
                "(sudoku_threshold 0.25)",
         per_task={"math": {"algorithm": {"token_clip": 0.04}}, "sudoku": {"algorithm": {"train_reward": 0.25}}})
+    grid = GridAdjust("d-OPSD's pass@8 retries are off (passk 1): the unified group of 8 completions is each prompt's 8 "
+                      "tries, each distilled when correct (the authors retry one completion up to 8 times); every block "
+                      "is decoded (block_stop false) as the authors' sampler does; the authors' task values: Sudoku "
+                      "distils rollouts with cell accuracy >= 0.25, math clips at 0.04 (docs/algorithms/d_opsd.md)",
+                      algorithm={"passk": 1}, sampler={"block_stop": False},
+                      per_task={"sudoku": {"train_reward": 0.25}, "math": {"token_clip": 0.04}})
 
     @property
     def inner_iterations(self) -> int:

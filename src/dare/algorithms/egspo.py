@@ -38,7 +38,7 @@ from .common.scoring import backward_each_view, score_view
 from .common.views import completion_view
 from .grpo import GRPOAlgorithm, GRPOConfig
 from .losses import clipped_surrogate, kl_penalty
-from .paper import PaperSettings
+from .paper import GridAdjust, LrDeparture, PaperSettings
 from .registry import register_algorithm
 
 StepSelection = Literal["entropy", "uniform", "random"]
@@ -199,6 +199,18 @@ class EGSPO(GRPOAlgorithm):
         sampler={"record_entropy": True},
         source="vishnutez/egspo-dllm-rl egspo/train.sh (LEARNING_RATE, TEMPERATURE, LAMBDA1=0 for EGSPO), "
                "egspo/slurm_scripts/train.yaml (max_grad_norm, lora_r, lora_alpha); gsm8k only")
+    grid = GridAdjust("EGSPO trains each completion's highest-entropy denoising steps: the sampler records the predictive "
+                      "entropy of every committed token (record_entropy; docs/algorithms/egspo.md)",
+                      sampler={"record_entropy": True})
+    departure = LrDeparture(
+        0.5,
+        "at its paper ratio (30x Coupled-GRPO's lr: 3e-3 with LoRA r 128) the tiny LLaDA learned (held-out "
+        "54.2 +/- 2.2 %) but the tiny SDAR collapsed in the last update on two of three seeds: training reward ~0.78 "
+        "for ten steps, then 0.43 and 0.09 with a loss spike to 17.8, held-out 78.1 / 0.0 / 2.2 % from "
+        "79.1 -- the failure d-TreeRPO had on SDAR at the same lr; at 1.5e-3 (factor 0.5) the same SDAR seeds "
+        "gained (83.9 / 85.4 / 84.9) and the LLaDA seeds gained more (57.1 / 57.7 / 59.1; 200 held-out puzzles, "
+        "docs/comparison.md).",
+        ("lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft"), "docs/comparison.md")
     config_class = EGSPOConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
     undefined: ClassVar[dict[str, str]] = {
@@ -334,6 +346,9 @@ class EGSPOSA(EGSPO):
         sampler={"record_entropy": True},
         source="vishnutez/egspo-dllm-rl egspo/train.sh (LEARNING_RATE, TEMPERATURE, LAMBDA1=0.5, NORMALIZE_RETURNS), "
                "egspo/slurm_scripts/train.yaml (max_grad_norm, lora_r, lora_alpha); gsm8k only")
+    grid = GridAdjust("EGSPO-SA trains each completion's highest-entropy denoising steps: the sampler records the "
+                      "predictive entropy of every committed token (record_entropy; docs/algorithms/egspo_sa.md)",
+                      sampler={"record_entropy": True})
     config_class = EGSPOSAConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {

@@ -48,6 +48,39 @@ class PaperSettings:
                 **({"unknown": extra} if extra else {})}
 
 
+@dataclass(frozen=True)
+class GridAdjust:
+    """A method's departures from the paper grid's unified settings (``scripts/make_paper_recipes.py``), with the
+    reason: what its recipes need that the unified rollout and its own config defaults do not give."""
+    why: str
+    algorithm: dict = field(default_factory=dict)  # fixed algorithm keys
+    per_task: dict = field(default_factory=dict)  # task -> algorithm keys
+    per_kind: dict = field(default_factory=dict)  # attention kind -> algorithm keys
+    single_block: bool = False  # masked models: one block of gen_length (the method needs every position predicted)
+    sampler: dict = field(default_factory=dict)
+    merge_blocks_on: tuple = ()  # attention kinds where algorithm.shrink = steps per block (one transition per block)
+    rollout_micro_batch: int = 0  # single-block masked models: prompts per generate() call per rank (0: all at once)
+    micro_batch_divisor: int = 1  # train.micro_batch_size = the task's / this (a method that batches its draws)
+
+
+@dataclass(frozen=True)
+class LrDeparture:
+    """What ``dare compare`` measured for a method on the tiny shipped checkpoints: a factor on its paper-relative lr
+    (it oscillated, collapsed or left the reference in one step at its paper's ratio there). An outcome of the
+    comparison, not a property of the method: the comparison applies it (``dare.comparison.departures``) and the
+    method's doc prints the note after its paper settings."""
+    factor: float  # on the method's paper-relative lr
+    note: str  # what was measured at the paper ratio and at the factor (the doc prints it)
+    checkpoints: tuple[str, ...]  # the shipped SFT checkpoints (quickstart assets) the experiment ran on
+    doc: str  # where the experiment is written up (repository path)
+
+
+def own(cls, attribute: str):
+    """The manifest entry ``attribute`` (``paper``, ``grid``, ``departure``) that algorithm class ``cls`` declares
+    itself, or None: a subclass (EGSPO-SA of EGSPO) does not inherit its parent's grid adjustment or departure."""
+    return vars(cls).get(attribute)
+
+
 def paper_overrides(cls, anchor, base_lr: float, task: Optional[str], attention: Optional[str] = None,
                     lr_factor: float = 1.0) -> list[str]:
     """Dotted recipe overrides that give algorithm class ``cls`` its paper's settings relative to ``anchor`` (an

@@ -72,6 +72,11 @@ class SFTConfig(AlgorithmConfig):
     # With the editing stream: the visible answer tokens left unchanged are scored too (predict themselves), at this
     # weight, so the decode's edits leave right tokens alone (measured: 0 lets it rewrite a quarter of them).
     keep_weight: float = 0.0
+    # Fast-dLLM v2's training noise (block models): one t per block of the model's block size instead of one per
+    # document, and each row trained twice, on its mask and on its complement (the answer tokens that mask left
+    # visible), two forwards whose masked tokens all count. Its recipe: weighting uniform, normalize masked_tokens.
+    t_per_block: bool = False
+    complementary: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.t_min < self.t_max <= 1.0:
@@ -88,6 +93,9 @@ class SFTConfig(AlgorithmConfig):
             raise ValueError("keep_weight scores the tokens the editing stream left unchanged: it needs edit_ratio > 0")
         if self.edit_ratio > 0 and self.weighting == "cart":
             raise ValueError("edit_ratio needs weighting scheduler or uniform (cart weights only masked positions)")
+        if self.complementary and (self.weighting != "uniform" or self.edit_ratio > 0):
+            raise ValueError("complementary (Fast-dLLM v2's mask pairs) needs weighting uniform and no edit_ratio: "
+                             "the complement masks each token with probability 1 - t, so 1/t weights do not fit it")
 
 
 def _edit_draws(gen: torch.Generator, visible: torch.Tensor, clean: torch.Tensor, ratio: float, adapter):
@@ -137,13 +145,24 @@ class SFT(Algorithm):
         if cfg.edit_ratio > 0 and uniform:
             raise ValueError("edit_ratio is the masked families' editing stream; a uniform-noise model's corruption "
                              "already replaces tokens (weighting / score_clean set what it scores)")
+        if (cfg.t_per_block or cfg.complementary) and not ctx.adapter.is_block_causal:
+            raise ValueError("t_per_block and complementary are Fast-dLLM v2's training noise for block-diffusion "
+                             f"models; {ctx.adapter.family} is not one")
+        # the complementary view's scored tokens and weights (its tokens weigh what the first view's would)
+        complement = torch.zeros(ids.shape, dtype=torch.bool) if cfg.complementary else None
+        complement_weight = torch.zeros(ids.shape, dtype=torch.float32) if cfg.complementary else None
         noisy = ids.cpu().clone()
         edited = torch.zeros(ids.shape, dtype=torch.bool)
         for r in range(ids.shape[0]):
             for uid, s, e in doc_segments(docs[r].cpu()):
                 g = ctx.generator(iteration, uid, 0)
-                t = sample_time(g, cfg.t_min, cfg.t_max, cfg.eps)
                 ans = answer_cpu[r, s:e]
+                if cfg.t_per_block:  # one t per block the document's positions fall in, then the token draws
+                    block = pos[r, s:e].cpu() // ctx.adapter.block_size
+                    t = torch.tensor([sample_time(g, cfg.t_min, cfg.t_max, cfg.eps)
+                                      for _ in range(int(block.max()) + 1)])[block]
+                else:
+                    t = sample_time(g, cfg.t_min, cfg.t_max, cfg.eps)
                 m = (torch.rand(e - s, generator=g) < t) & ans
                 if uniform:  # the doc's random tokens, from its own generator (the same packed or padded)
                     noisy[r:r + 1, s:e] = uniform_replace(noisy[r:r + 1, s:e], m[None], ctx.adapter.vocab_size,
@@ -153,7 +172,7 @@ class SFT(Algorithm):
                 masked[r, s:e] = m
                 t_tok[r, s:e] = t
                 if cfg.weighting == "scheduler":
-                    w = torch.full((e - s,), 1.0 / t)
+                    w = 1.0 / t if cfg.t_per_block else torch.full((e - s,), 1.0 / t)
                 elif cfg.weighting == "uniform":
                     w = torch.ones(e - s)
                 else:  # cart: context-adaptive, replaces the time weight
@@ -161,6 +180,9 @@ class SFT(Algorithm):
                 if cfg.normalize == "answer_length":
                     w = w / max(int(ans.sum()), 1)
                 weight[r, s:e] = w * m
+                if complement is not None:
+                    complement[r, s:e] = ans & ~m
+                    complement_weight[r, s:e] = w * (ans & ~m)
                 if cfg.edit_ratio > 0:  # its own stream: the masks above are those of mask-only SFT
                     edit, tokens = _edit_draws(ctx.generator(iteration, uid, "edit"), ans & ~m, ids.cpu()[r, s:e],
                                                cfg.edit_ratio, ctx.adapter)
@@ -179,7 +201,14 @@ class SFT(Algorithm):
         else:
             input_ids = noisy
             layout = attn_masks.TokenLayout.plain(pos, doc=attn_masks.doc_ids_from_positions(pos))
-        return [View(input_ids, masked, ids, weight, layout=layout, info={"t": t_tok.to(dev)})]
+        views = [View(input_ids, masked, ids, weight, layout=layout, info={"t": t_tok.to(dev)})]
+        if complement is not None:  # the same rows under the complementary mask: a second forward
+            complement = complement.to(dev)
+            other, other_layout = block_diffusion_inputs(apply_mask(ids, complement, ctx.adapter.mask_token_id), ids,
+                                                         pos)
+            views.append(View(other, complement, ids, complement_weight.to(dev), layout=other_layout,
+                              info={"t": (1 - t_tok).to(dev)}))
+        return views
 
     def _canvas_view(self, ctx: StepContext, batch: Batch, iteration: int, noisy, weight, t_tok) -> View:
         """The encoder / canvas view of packed rows (uniform-noise encoder-decoder models)."""

@@ -45,7 +45,7 @@ from .common.blocks import completion_blocks
 from .common.scoring import score_views
 from .common.views import completion_view
 from .grpo import GRPOAlgorithm, GRPOConfig
-from .paper import PaperSettings
+from .paper import GridAdjust, PaperSettings
 from .registry import register_algorithm
 
 ForwardType = Literal["all", "random", "block_all", "block_random"]
@@ -176,6 +176,12 @@ class SPG(GRPOAlgorithm):
         published_code=True,
         source="facebookresearch/SPG spg/slurm_scripts/train.yaml (lr, max_grad_norm, use_peft); spg_mix/sudoku_new_base_spg_mix_beta1.0_weight0.5.sbatch (NUM_ITER=4, --temperature 0.3, --eubo_beta 1.0)",
         per_task={"sudoku": {"temperature": 0.3, "algorithm": {"inner_iterations": 4, "eubo_beta": 1.0}}})
+    grid = GridAdjust("SPG's EUBO beta per task (spg_mix scripts: 1.5 gsm8k/math, 2.0 countdown, 1.0 sudoku); "
+                      "train.micro_batch_size a quarter of the task's: SPG scores a micro-batch's 16 draws in one forward "
+                      "(16 sequences per forward at math, 32 at countdown), and at the task's micro-batch the 64-128 "
+                      "sequences' activations would not fit beside LLaDA2.0-mini's states (dare plan)",
+                      per_task={"math": {"eubo_beta": 1.5}, "code": {"eubo_beta": 1.5}, "countdown": {"eubo_beta": 2.0},
+                                "sudoku": {"eubo_beta": 1.0}}, micro_batch_divisor=4)
     config_class = SPGConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal", "encoder_decoder")
 

@@ -29,7 +29,7 @@ from .common.replay import ReplayAlgorithm, ReplayConfig, ReplayPlan, per_round_
 from .common.scoring import backward_each_view
 from .grpo import AdvantageMode
 from .losses import clipped_value_loss
-from .paper import PaperSettings
+from .paper import GridAdjust, PaperSettings
 from .registry import register_algorithm
 from .value import ValueModel, trace_returns_advantages, view_values
 
@@ -87,6 +87,8 @@ class TraceRL(ReplayAlgorithm):
         per_attention={"bidirectional": {"algorithm": {"shrink": 8}}, "block_causal": {"algorithm": {"shrink": 1}}},
         source="Gen-Verse/dLLM-RL configs/rl_sdar.yaml (learning_rate, max_grad_norm, temperature, shrink 1); "
                "configs/rl_llada.yaml (shrink 8); no Sudoku script")
+    grid = GridAdjust("TraceRL's trajectory shrinkage: 8 on full attention (rl_llada.yaml), 1 on block models "
+                      "(rl_sdar.yaml)", per_kind={"bidirectional": {"shrink": 8}, "block_causal": {"shrink": 1}})
     config_class = TraceRLConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional", "block_causal")
 

@@ -5,9 +5,9 @@ and each method's own paper settings, its report, and what it measured. See docs
 - ``report``: the report's data (``comparison.json``) and the table rendered from it alone, and the figure;
 - ``departures``: the documented factors on a method's paper-relative lr, with what was measured.
 """
-from .departures import LR_DEPARTURES, LrDeparture, departure_markdown, lr_factor
+from .departures import LrDeparture, departure_markdown, lr_departures, lr_factor
 
-__all__ = ["LR_DEPARTURES", "LrDeparture", "departure_markdown", "lr_factor", "run_compare", "CompareOptions"]
+__all__ = ["LrDeparture", "departure_markdown", "lr_departures", "lr_factor", "run_compare", "CompareOptions"]
 
 
 def __getattr__(name):  # the runs import the trainer; load them only when asked

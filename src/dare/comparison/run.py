@@ -14,7 +14,7 @@ The comparison is **budget-matched** and uses **each method's own paper settings
   ``mu x train.batch_size`` prompts (warm-up counts updates, so it is matched too);
 * its learning rate is the recipe's ``optim.lr`` times ``paper.lr / anchor.paper.lr`` (the anchor is the recipe's
   ``algorithm.name``, the default method) times the comparison's documented factor for the method, if any
-  (``departures.LR_DEPARTURES``), its gradient-norm clip and rollout temperature are its paper's, and so are the
+  (``Algorithm.departure``, ``departures.lr_factor``), its gradient-norm clip and rollout temperature are its paper's, and so are the
   per-task values of its authors' scripts for the recipe's task (mu, KL, ...).
 
 ``--shared-settings`` turns the second part off (one lr / clip / temperature for all, each method's config defaults).

@@ -38,6 +38,9 @@ class FamilyAdapter:
     vocab_size: Optional[int] = None
     # Logits are ``c * tanh(z / c)`` of the LM head's output (Gemma's final soft-capping); None = raw.
     logit_softcap: Optional[float] = None
+    # The same weights also run causally, row i predicting token i + 1 (Nemotron-Labs-Diffusion's AR mode, trained
+    # by its AR loss): the masked sampler's ``cache="causal"`` stores the context with it and seeds each block.
+    causal_mode: bool = False
 
     @property
     def is_block_causal(self) -> bool:
@@ -54,7 +57,11 @@ class FamilyAdapter:
         if self.is_encoder_decoder:
             return ("none", "block")
         # block-causal: "dual" is the exact cache of finished blocks plus Fast-dLLM v2's approximate one inside a block
-        return ("none", "block", "dual") if self.is_block_causal else ("none", "prefix", "dual")
+        if self.is_block_causal:
+            return ("none", "block", "dual")
+        # bidirectional, unshifted: also the exact caches of finished blocks ("causal" where the weights run causally)
+        exact = () if self.shift_logits else ("block", "causal") if self.causal_mode else ("block",)
+        return ("none", "prefix", "dual") + exact
 
     @property
     def attn_block_size(self) -> Optional[int]:

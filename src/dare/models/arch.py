@@ -27,6 +27,20 @@ class MoESpec:
     shared_intermediate_size: Optional[int] = None
 
 
+@dataclass
+class RopeScaling:
+    """YaRN's RoPE frequency scaling (transformers' ``rope_type: "yarn"``, Peng et al. 2023): the frequencies of the
+    dimensions that rotate fewer than ``beta_slow`` times over the original context are divided by ``factor``, those
+    that rotate more than ``beta_fast`` times are kept, with a linear ramp between; cos and sin are multiplied by
+    ``attention_factor``."""
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0
+    truncate: bool = True  # the ramp's ends rounded to whole dimensions
+
+
 _SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
 
 
@@ -64,6 +78,11 @@ class ModelArch:
     rope_full_precision: bool = False
     # Router logits/weights in fp32 regardless of the model dtype (all published MoE dLLMs do this).
     router_fp32: bool = True
+    rope_scaling: Optional[RopeScaling] = None  # None: plain RoPE
+    # Llama 4's query scale (Ministral 3): queries after RoPE times 1 + beta * log(1 + floor(position / span)); 1 below
+    # ``span``. beta 0: off.
+    query_scale_beta: float = 0.0
+    query_scale_span: int = 1
 
     def __post_init__(self):
         for name in _SIZES:

@@ -29,7 +29,7 @@ from .checkpoint import save_pretrained
 from .fused import FusedProjections
 from .lean import lean_layer, run_compiled, snapshot_layer, stack_signature
 from .sequence_parallel import SequenceGroup, ShardedInputs, check_heads, split_sequence
-from .modules import AttnInputs, DecoderLayer, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, take_rows
+from .modules import AttnInputs, DecoderLayer, RMSNorm, RotaryEmbedding, SparseMoE, pack_rows, query_scale, take_rows
 from .outputs import ALL_LOGITS, LogitsRequest, ModelOutput, QuerySel
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
@@ -75,7 +75,8 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rope_theta, arch.rope_inv_freq_follows_dtype)
+        self.rotary = RotaryEmbedding(arch.rotary_dim, arch.rope_theta, arch.rope_inv_freq_follows_dtype,
+                                      arch.rope_scaling)
         self.set_attn_backend(attn_backend)
         self.gradient_checkpointing = False
 
@@ -280,13 +281,17 @@ class DiffusionLM(nn.Module):
                 attn.sequence = sp
                 position_ids = position_ids[:, own]
             cos, sin = self.rotary(position_ids, x.dtype)
+            if self.arch.query_scale_beta:
+                attn.query_scale = query_scale(position_ids, self.arch.query_scale_beta, self.arch.query_scale_span,
+                                               x.dtype)
             # Rows nobody reads leave at the last layer (the fused attention kernels take whole rows only). Not with
             # a sparse-MoE last layer: its expert GEMMs group the tokens, and fewer of them change the bits.
             prune = (attn.block_mask is None and attn.cu_seqlens is None and bool(self.model.layers)
                      and not isinstance(self.model.layers[-1].mlp, SparseMoE) and sp is None)
             last = len(self.model.layers) - 1
             lean = None if torch.is_grad_enabled() else self.__dict__.get("_lean")
-            step = self._compiled_step(lean, cache, prune, rows, B, L)
+            # the compiled stack takes the mask alone: a query scale runs the layers one by one
+            step = self._compiled_step(lean, cache, prune, rows, B, L) if attn.query_scale is None else None
             if step is not None:
                 x = run_compiled(lean, x, cos, sin, attn.mask, *step, keep)
             for i, layer in enumerate(self.model.layers if step is None else ()):

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .arch import ModelArch, MoESpec
+import math
+
+from .arch import ModelArch, MoESpec, RopeScaling
 from .cache import KVCache
 from . import planning
 from .experts import GroupedExperts, route
@@ -53,10 +55,15 @@ class RotaryEmbedding(nn.Module):
     ``rotate_half(x) * sin == x.roll(R/2) * signed_sin`` exactly (only signs move), one op instead of four.
     """
 
-    def __init__(self, rotary_dim: int, theta: float, follow_dtype: bool = False):
+    def __init__(self, rotary_dim: int, theta: float, follow_dtype: bool = False,
+                 scaling: Optional[RopeScaling] = None):
         super().__init__()
         exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
         self.inv_freq = 1.0 / (theta ** exponent)  # built on CPU even under a meta-device context
+        self.attention_factor = 1.0
+        if scaling is not None:
+            self.inv_freq = yarn_inv_freq(theta ** exponent, rotary_dim, theta, scaling)
+            self.attention_factor = scaling.attention_factor
         self.follow_dtype = follow_dtype
         self._tables: dict = {}
 
@@ -64,9 +71,12 @@ class RotaryEmbedding(nn.Module):
         inv = self.inv_freq.to(dtype).float() if self.follow_dtype else self.inv_freq
         freqs = position_ids[..., None].float() * inv
         emb = torch.cat((freqs, freqs), dim=-1)
-        sin = emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_factor != 1.0:  # YaRN's, in fp32 before the cast (as transformers)
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        sin = sin.to(dtype)
         half = sin.shape[-1] // 2
-        return emb.cos().to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return cos.to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype):
         if self.inv_freq.device != position_ids.device:
@@ -83,6 +93,33 @@ class RotaryEmbedding(nn.Module):
             table = self._compute(torch.arange(size, device=position_ids.device), dtype)
             self._tables[dtype] = table
         return F.embedding(position_ids, table[0]).unsqueeze(2), F.embedding(position_ids, table[1]).unsqueeze(2)
+
+
+def yarn_inv_freq(pos_freqs: torch.Tensor, rotary_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN's inverse frequencies from the plain ones' denominators ``pos_freqs = theta ** (2i / rotary_dim)``:
+    1 / (factor * pos_freqs) for the dimensions that turn fewer than ``beta_slow`` times over the original context,
+    1 / pos_freqs for those that turn more than ``beta_fast`` times, linearly blended between (transformers'
+    ``_compute_yarn_parameters``, the same float32 ops)."""
+    def correction_dim(rotations: float) -> float:  # the dimension that turns ``rotations`` times over the context
+        span = scaling.original_max_position_embeddings
+        return rotary_dim * math.log(span / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # 1: keep the frequency, 0: divide it by the factor
+    return (1.0 / (scaling.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def query_scale(position_ids: torch.Tensor, beta: float, span: int, dtype: torch.dtype) -> torch.Tensor:
+    """Llama 4's query scale [B, 1, L, 1] (broadcast over heads and head dimensions of [B, H, L, D] queries):
+    1 + beta * log(1 + floor(position / span)), computed in fp32 and cast to the activations' dtype (Ministral 3)."""
+    scale = 1 + beta * torch.log(1 + torch.floor(position_ids.float() / span))
+    return scale.to(dtype)[:, None, :, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
@@ -126,6 +163,7 @@ class AttnInputs:
     max_seqlen: int = 0
     cache: Optional[KVCache] = None
     sequence: Any = None  # SequenceGroup: rows are this rank's share; attention swaps to whole sequence, some heads
+    query_scale: Optional[torch.Tensor] = None  # [B, 1, L, 1]: queries times it after RoPE (``query_scale``)
 
 
 _flex_compiled = None
@@ -220,6 +258,8 @@ def attend(q, k, v, qk, cos, sin, attn: AttnInputs, query_rows: Optional[QuerySe
         qcos, qsin = take_rows(cos, query_rows).transpose(1, 2), take_rows(sin, query_rows).transpose(1, 2)
         q = apply_rope(q, qcos, qsin, rope_full_precision)
         k = apply_rope(k, cos.transpose(1, 2), sin.transpose(1, 2), rope_full_precision)
+    if attn.query_scale is not None:
+        q = q * take_rows(attn.query_scale, query_rows, dim=2)
     sp = attn.sequence
     B_out, H_out = B, H
     if sp is not None:  # Ulysses: [all heads, my rows] -> [my heads, all rows] (see sequence_parallel.py)

@@ -25,6 +25,7 @@ from .config import SamplerConfig
 from .masked import build_masked_state, masked_blocks, masked_steps, run_masked
 from .result import Rollout
 from .selection import REMASKINGS
+from .speculative import run_linear_spec
 from .state import DecodeState, PromptBatch, PromptsLike, expand_prompts, make_prompt_batch, make_stop_ids, sample_generators
 
 
@@ -65,7 +66,11 @@ def check_config(model, config: SamplerConfig) -> None:
         if config.sub_block_length is not None:
             raise ValueError("sub_block_length (sub-blocks of a block-causal model's block) needs a block-diffusion "
                              "model; masked-diffusion models decode semi-autoregressive blocks of block_length")
-        masked_blocks(config)
+        if config.cache in ("block", "causal") and config.cfg_scale > 0:
+            raise ValueError(f"cfg_scale cannot be used with cache={config.cache!r}: the unconditional branch would "
+                             f"need a cache of its own")
+        if not config.speculative:  # its blocks open where the last one's accepted tokens end
+            masked_blocks(config)
 
 
 def _needs_random(config: SamplerConfig, adapter) -> bool:
@@ -89,7 +94,7 @@ def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resumi
     if until_step is None and not resuming:
         return None
     for name, bad in (("record_trajectory", config.record_trajectory), ("record_entropy", config.record_entropy),
-                      ("rcr", config.rcr),
+                      ("rcr", config.rcr), ("speculative", config.speculative),
                       ("editing_threshold", config.editing)):
         if bad:
             raise ValueError(f"{name} cannot be combined with pausing or resuming a rollout (its per-block state "
@@ -129,6 +134,8 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
         raise ValueError(f"prompt(s) {bad} contain the mask token id {adapter.mask_token_id}")
     num_prompts = batch.ids.shape[0]
     if hints is not None:
+        if config.speculative:
+            raise ValueError("hints cannot be used with speculative decoding: its verify writes every position")
         hints = _check_hints(hints, adapter, num_prompts * n, config.gen_length, device)
     batch, prompt_index = expand_prompts(batch, n)
     gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config, adapter) else (None, None))
@@ -226,7 +233,9 @@ def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: i
     decoding = model.decoding(compile=config.compile) if hasattr(model, "decoding") else contextlib.nullcontext()
     try:
         with decoding:
-            (run_canvas if adapter.is_encoder_decoder else run_block if adapter.is_block_causal else run_masked)(model, st, config)
+            run = (run_canvas if adapter.is_encoder_decoder else run_block if adapter.is_block_causal
+                   else run_linear_spec if config.speculative else run_masked)
+            run(model, st, config)
     finally:
         model.train(was_training)
     return _assemble(st, batch, prompt_index, n, fill_id, seeds)

@@ -107,17 +107,23 @@ class BlockForward:
             self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
         self.rows = rows
 
+    def _cache_of(self, rows):
+        """(the cache for ``rows``, their indices in it): the cache itself when they are all its rows (None), else a
+        copy of their rows (a scratch step: what it writes is not kept)."""
+        if rows.numel() == self.rows.numel():
+            return self.cache, None
+        idx = torch.searchsorted(self.rows, rows)
+        return cache_rows(self.cache, idx), idx
+
     def window(self, rows, c0: int, c1: int, s0: int, s1: int) -> torch.Tensor:
         """Dual cache inside block [c0, c1): feed [s0, s1) against the cache, which holds the block's keys/values;
         the fed ones replace theirs (a refresh feeds the whole block). Prediction logits [n, s1 - s0, V]; with
         shifted logits the window's first position reuses its own row (it is never decided on such a step)."""
         st = self.st
-        whole = rows.numel() == self.rows.numel()
-        idx = None if whole else torch.searchsorted(self.rows, rows)
-        cache = self.cache if whole else cache_rows(self.cache, idx)
+        cache, idx = self._cache_of(rows)
         out = self.model(st.x[rows, s0:s1], attention_mask=self._mask(rows, s0, s1, c1), position_ids=st.pos[rows, s0:s1],
                          request=LogitsRequest(rows=slice(0, s1 - s0 - self.shift)), past_key_values=cache, kv_start=s0)
-        if not whole:  # as the whole batch's window writes in place (the reference's block cache too): the fed
+        if idx is not None:  # as the whole batch's window writes in place (the reference's block cache too): the fed
             # sub-block's keys/values stay until the next refresh or window overwrites them
             for i in range(cache.num_layers):
                 self.cache.k[i][idx, :, s0:s1] = cache.k[i][:, :, s0:s1]
@@ -137,11 +143,9 @@ class BlockForward:
         q0 = (self.final if first_step else c0) if self.use_cache else 0
         kw = {}
         if self.use_cache:
-            cache = self.cache
-            if rows.numel() != self.rows.numel():  # rows done with this block sit out (scratch step only)
-                if first_step:
-                    raise RuntimeError("the storing step of a block must run every cached row")
-                cache = cache_rows(cache, torch.searchsorted(self.rows, rows))
+            cache, idx = self._cache_of(rows)  # rows done with this block sit out (scratch step only)
+            if idx is not None and first_step:
+                raise RuntimeError("the storing step of a block must run every cached row")
             kw = dict(past_key_values=cache, kv_start=q0, store_kv=first_step)
         lo = max(c0 - self.shift, q0)
         out = self.model(st.x[rows, q0:c1], attention_mask=self._mask(rows, q0, c1, c1), position_ids=st.pos[rows, q0:c1],
@@ -172,7 +176,7 @@ def run_block(model, st: DecodeState, cfg: SamplerConfig) -> None:
             _editing_block(fwd, st, cfg, remask, act, c0, c1)
         else:
             b = cb - st.first_block
-            if _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b, i0 if b == b0 else 0, bool(fwd.shift)):
+            if _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b, i0 if b == b0 else 0):
                 return  # paused (generate(until_step=...)): the block is unfinished, nothing else is marked
         if cfg.block_stop or (cfg.editing and cfg.eos_early_stop):
             st.finish_rows_with_stop(act, final_only=False)
@@ -231,12 +235,13 @@ def _sub_block(eligible: torch.Tensor, size: int) -> torch.Tensor:
     return eligible & (sub[None, :] == first[:, None])
 
 
-def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: int = 0, next_token: bool = False) -> bool:
+def _standard_block(fwd, st, cfg, remask, counts, act, c0, c1, b: int = 0, i0: int = 0) -> bool:
     """Decode column block [c0, c1) (the b-th generated block) from its step i0; True when paused inside it.
 
-    ``next_token`` (shifted-logit models: Fast-dLLM v2): a block whose first position is masked commits that
-    position alone on its first step, from the previous block's last row -- the reference's "next token" of a
-    finished block (or of a prefilled prompt that ends on a block boundary)."""
+    Shifted-logit models (Fast-dLLM v2): a block whose first position is masked commits that position alone on its
+    first step, from the previous block's last row -- the reference's "next token" of a finished block (or of a
+    prefilled prompt that ends on a block boundary)."""
+    next_token = bool(fwd.shift)
     spb = counts.numel()
     total_steps = spb * int(st.last_block.max() - st.first_block + 1)
     dynamic = remask.rule == "dynamic" or cfg.threshold is not None  # block references' only threshold rule

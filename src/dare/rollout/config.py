@@ -17,7 +17,7 @@ from .selection import REMASKINGS
 log = logging.getLogger(__name__)
 _SAID: set = set()  # (steps, gen_length) pairs already reported, so a config copied per batch is reported once
 
-CACHES = ("none", "prefix", "dual", "block")
+CACHES = ("none", "prefix", "dual", "block", "causal")
 SCHEDULES = ("even", "ass", "linear")
 
 
@@ -86,6 +86,10 @@ class SamplerConfig:
     # sees the prompt, the decoded tokens and itself -- never another mask -- and decoded tokens attend causally in
     # decoding order. Its trajectory likelihood is then one forward (docs/algorithms/d2_anyorder.md).
     any_order: bool = False
+    # Nemotron-Labs-Diffusion's linear speculative decoding (models whose weights also run causally; with
+    # cache="causal"): each block is drafted bidirectionally, ``threshold`` or all masks at once per forward, then
+    # verified causally; the longest agreeing prefix plus one token is kept (dare.rollout.speculative).
+    speculative: bool = False
     # --- DiffusionGemma's canvas sampler (uniform-noise encoder-decoder models; transformers' parameter names) ----
     # Each pass accepts the k lowest-entropy positions with sum(entropy) - max(entropy) <= entropy_bound and re-noises
     # the rest with uniform random tokens; the canvas's tokens are the last pass's argmax.
@@ -181,6 +185,10 @@ class SamplerConfig:
         if self.any_order and (self.cache != "none" or self.cfg_scale > 0 or self.rcr or self.editing):
             raise ValueError("any_order decodes with its own attention mask every step: it needs cache='none', "
                              "cfg_scale=0 and no rcr / editing_threshold (a re-masked token would leave the decoding order)")
+        if self.speculative and (self.cache != "causal" or self.cfg_scale > 0 or self.rcr or self.any_order
+                                 or self.record_entropy or self.factor is not None or self.editing):
+            raise ValueError("speculative (linear speculative decoding) drafts against the causal cache: it needs "
+                             "cache='causal' and no cfg_scale, rcr, any_order, record_entropy, factor or editing")
         self._check_canvas_fields()
 
     def _check_canvas_fields(self) -> None:

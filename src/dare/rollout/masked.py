@@ -14,6 +14,14 @@ Caches (Fast-dLLM, approximate for bidirectional attention):
 
 For shifted-logit models (Dream) the prediction for the block's first position comes from the previous
 position, so cached steps feed one extra token in front of the block.
+
+Exact caches of finished blocks (Nemotron-Labs-Diffusion's ``generate``; unshifted models): a block sees the stored
+columns and itself, never a later mask. Before each block one forward stores what is not stored yet (the prompt,
+then the block just finished), attending to the stored columns and to itself:
+
+* ``block``  with full attention (the reference's ``causal_context=False``);
+* ``causal`` with causal attention, the AR mode of the same weights (``adapter.causal_mode``); its last row's
+  next-token prediction fills the block's first position before the block is denoised (``causal_context=True``).
 """
 from __future__ import annotations
 
@@ -103,6 +111,9 @@ class MaskedForward:
         self.all_valid = bool(st.valid.all())
         self.cache = None
         self.any_order = cfg.any_order
+        self.exact, self.causal = cfg.cache in ("block", "causal"), cfg.cache == "causal"
+        self.rows = None  # exact caches: global row ids the cache holds, in cache order
+        self.stored = 0  # exact caches: columns [0, stored) hold final keys/values
 
     def _call(self, rows, f0: int, f1: int, c0: int, c1: int, keep=None, **kw) -> torch.Tensor:
         st = self.st
@@ -152,6 +163,38 @@ class MaskedForward:
             self.cache.crop(c0 - self.shift)
         return logits
 
+    def store(self, rows, c0: int) -> Optional[torch.Tensor]:
+        """Exact caches: store the keys/values of columns [stored, c0) of ``rows`` (every row still decoding),
+        attending to the stored columns and to themselves, causally with ``cache='causal'``. Returns then the logits
+        [n, V] of the last column: the next-token prediction for column c0."""
+        st = self.st
+        if self.cache is None:
+            self.cache, self.rows = self.model.new_cache(st.x.shape[1]), rows
+        elif rows.numel() != self.rows.numel():  # rows that finished leave the cache
+            self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
+            self.rows = rows
+        s0, dev = self.stored, st.x.device
+        q, k = torch.arange(s0, c0, device=dev)[:, None], torch.arange(c0, device=dev)[None, :]
+        allowed = st.valid[rows, None, :c0] & (k <= q if self.causal else torch.ones_like(k, dtype=torch.bool))
+        mask = (allowed | (k == q))[:, None]  # padding queries see themselves: finite states that nothing reads
+        request = LogitsRequest(rows=slice(c0 - s0 - 1, c0 - s0), logits=self.causal, hidden=not self.causal)
+        out = self.model(st.x[rows, s0:c0], attention_mask=mask, position_ids=st.pos[rows, s0:c0], request=request,
+                         past_key_values=self.cache, kv_start=s0, store_kv=True)
+        self.stored = c0
+        return out.logits[:, -1].float() if self.causal else None
+
+    def exact_step(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
+        """A denoising step of block [c0, c1) against the exact cache (its keys/values are scratch)."""
+        st = self.st
+        cache = self.cache
+        if rows.numel() != self.rows.numel():
+            cache = cache_rows(cache, torch.searchsorted(self.rows, rows))
+        out = self.model(st.x[rows, c0:c1], attention_mask=None if self.all_valid else st.valid[rows, :c1],
+                         position_ids=st.pos[rows, c0:c1], request=LogitsRequest(keep=keep), past_key_values=cache,
+                         kv_start=c0)
+        logits = out.logits.float()
+        return logits if keep is not None else logits.view(rows.numel(), c1 - c0, -1)
+
     def step(self, rows, c0: int, c1: int, keep=None) -> torch.Tensor:
         """A cached step for ``rows`` (a subset of the refreshed rows: the step's keys/values are scratch)."""
         cache = self.cache
@@ -185,6 +228,13 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
         BL, spb = blk.length, blk.steps
         grid = sched.time_grid(spb, cfg.eps, device=st.x.device)
         c0, c1 = P + blk.start, P + blk.start + BL
+        if fwd.exact:  # what precedes the block goes into the cache (on a resume too); causal: it seeds the block
+            seed = fwd.store(act, c0)
+            st.count_forward(act)
+            if seed is not None and (b != b0 or i0 == 0):
+                _seed(st, cfg, remask, act, c0, c1, seed)
+                if cfg.eos_early_stop:
+                    st.finish_rows_with_stop(act, final_only=True)
         masks0 = st.block_start_masks(act, c0, c1)
         if blk.counts is not None:
             counts = blk.counts.to(st.x.device).expand(act.numel(), -1)
@@ -211,7 +261,8 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
                 else:
                     logits = fwd.refresh(act, c0, c1)[open_]
             else:
-                logits = (fwd.step if cached else fwd.full)(act[open_], c0, c1, keep=masked_now[open_] if packed else None)
+                step = fwd.exact_step if fwd.exact else fwd.step if cached else fwd.full
+                logits = step(act[open_], c0, c1, keep=masked_now[open_] if packed else None)
             rows = act[open_]
             st.count_forward(act if cached and i == first else rows)
             step_i = min(i, spb - 1)
@@ -225,6 +276,29 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
         if cfg.block_stop:
             st.finish_rows_with_stop(act, final_only=False)
     st.finished[:] = True
+
+
+def _seed(st, cfg, remask, rows, c0: int, c1: int, logits: torch.Tensor) -> None:
+    """``cache='causal'``: the block's first position, where still masked, takes the next token predicted by the
+    causal pass that stored what precedes it (logits [n, V]); a step of its own for the trajectory."""
+    cur = st.x[rows, c0:c1]
+    open_ = cur[:, 0] == st.mask_id
+    if not bool(open_.any()):
+        return
+    rows, cur, logits = rows[open_], cur[open_], logits[open_][:, None]
+    cand = propose(logits, remask, cfg.temperature, cfg.top_k, cfg.top_p, st.row_gens(rows), masked_model=True,
+                   forbid=st.mask_id)
+    sel = torch.zeros_like(cur, dtype=torch.bool)
+    sel[:, 0] = True
+    new = cur.clone()
+    new[:, 0] = cand.x0[:, 0]
+    score = torch.zeros(cur.shape, dtype=cand.score.dtype, device=cur.device)
+    score[:, 0] = cand.score[:, 0]
+    ent = None
+    if st.entropy_map is not None:
+        ent = torch.zeros(cur.shape, dtype=torch.float32, device=cur.device)
+        ent[:, :1] = committed_entropy(logits, sel[:, :1])
+    st.commit(rows, c0, new, sel, x0=new, score=score, predicted=sel, entropy=ent)
 
 
 class _StepContext:

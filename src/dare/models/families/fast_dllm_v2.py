@@ -20,11 +20,10 @@ from .dream import Dream
 
 class FastDLLMv2(Dream):
     name = "fast_dllm_v2"
-    description = "Fast-dLLM v2 (Fast_dLLM_Qwen: Fast_dLLM_v2_1.5B, Fast_dLLM_v2_7B)"
+    description = "Fast_dLLM_Qwen (Fast_dLLM_QwenForCausalLM: Fast_dLLM_v2_1.5B, Fast_dLLM_v2_7B)"
     listing_order = 55
     mask_token_strings = ("|<MASK>|",)
     default_block_size = 32
-    unsupported = {"rope_scaling": (None,), "use_sliding_window": (False,), "hidden_act": ("silu",)}
 
     def matches(self, cfg):
         return cfg.get("model_type") == "Fast_dLLM_Qwen"
