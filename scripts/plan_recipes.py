@@ -60,11 +60,13 @@ def shape_key(recipe) -> str:
     for k in ("rdzv_endpoint", "rdzv_id"):  # where the nodes meet, not what they run
         d["distributed"].pop(k, None)
     # Settings added after the cached plans were keyed, left out at their defaults (so adding a setting does not
-    # unplan every recipe): the node layout, SFT's editing stream, the sampler's any-order and entropy records and
-    # its sub-blocks.
+    # unplan every recipe): the node layout, SFT's editing stream and Fast-dLLM v2 noise, the sampler's any-order and
+    # entropy records, its sub-blocks and speculative decoding.
     for path, default in ((("distributed", "nnodes"), 1), (("distributed", "sharding"), "full"),
                           (("distributed", "sequence_parallel"), 1), (("algorithm", "edit_ratio"), 0.0),
                           (("algorithm", "edit_weight"), 1.0), (("algorithm", "keep_weight"), 0.0),
+                          (("algorithm", "t_per_block"), False), (("algorithm", "complementary"), False),
+                          (("rollout", "sampler", "speculative"), False),
                           (("rollout", "sampler", "any_order"), False),
                           (("rollout", "sampler", "record_entropy"), False),
                           (("rollout", "sampler", "sub_block_length"), None)):
