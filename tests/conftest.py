@@ -13,7 +13,7 @@ TOKENIZERS = ASSETS / "tokenizers"
 FIXTURE_FAMILIES = {
     "llada-tiny": "llada", "lladamoe-tiny": "llada_moe", "dream-tiny": "dream", "sdar-tiny": "sdar",
     "sdarmoe-tiny": "sdar_moe", "llada2-tiny": "llada2_moe", "llada21-tiny": "llada2_moe", "rnd1-tiny": "rnd1",
-    "fastdllmv2-tiny": "fast_dllm_v2",
+    "fastdllmv2-tiny": "fast_dllm_v2", "nemotron-tiny": "nemotron_diffusion",
 }
 
 # Tiny models are overhead-bound: one intra-op thread is as fast on an idle machine and ~10x faster on a busy one.

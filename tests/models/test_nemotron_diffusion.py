@@ -1,0 +1,124 @@
+"""Nemotron-Labs-Diffusion against its reference (tests/assets/fixtures/nemotron-tiny, made by the Hub modeling code):
+the causal mode of the same weights, YaRN and Llama 4's query scale, the published tensor names and config checks.
+(Bidirectional logits: tests/models/test_parity.py; the decoders: tests/rollout/test_fixture_parity.py.)"""
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from dare.models import load_model
+from dare.models.arch import RopeScaling
+from dare.models.families import UnsupportedModelError, get_family
+from dare.models.modules import RotaryEmbedding, yarn_inv_freq
+from tests.conftest import FIXTURES
+
+FOLDER = FIXTURES / "nemotron-tiny"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(FOLDER, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return torch.load(FOLDER / "expected_logits.pt")
+
+
+def _causal_mask(B: int, L: int) -> torch.Tensor:
+    return torch.ones(L, L, dtype=torch.bool).tril()[None, None].expand(B, 1, L, L)
+
+
+def test_causal_mode_logits_match_the_reference(model, expected):
+    """The decoders' AR mode (every layer's diffusion_lm off, a causal mask): the same weights under a causal mask."""
+    ids = expected["input_ids"]
+    with torch.no_grad():
+        got = model(ids, attention_mask=_causal_mask(*ids.shape)).logits
+    assert (got - expected["logits_causal"]).abs().max() <= 1e-4
+
+
+def test_query_scale_and_yarn_act_at_the_fixture_positions(model, expected):
+    """The fixture's original context is 32 positions (80 are fed), so both YaRN's frequencies and the Llama 4 query
+    scale act: without either, the logits leave the reference."""
+    ids = expected["input_ids"]
+    arch = model.arch
+    assert arch.rope_scaling.factor == 16.0 and arch.query_scale_beta == 0.1 and arch.query_scale_span == 32
+    plain = dataclasses.replace(arch, query_scale_beta=0.0)
+    model.arch = plain
+    try:
+        with torch.no_grad():
+            off = model(ids).logits
+    finally:
+        model.arch = arch
+    assert (off - expected["logits"]).abs().max() > 1e-3
+    rope = RotaryEmbedding(arch.rotary_dim, arch.rope_theta)
+    assert not torch.allclose(rope.inv_freq, model.rotary.inv_freq)
+
+
+def test_yarn_frequencies_follow_the_formula():
+    """YaRN keeps the fast dimensions (more than beta_fast turns over the original context), divides the slow ones
+    (fewer than beta_slow) by the factor, and ramps linearly between."""
+    dim, theta, span = 128, 1e6, 16384
+    scaling = RopeScaling(factor=16.0, original_max_position_embeddings=span)
+    base = theta ** (torch.arange(0, dim, 2).float() / dim)
+    inv = yarn_inv_freq(base, dim, theta, scaling)
+    turns = span * (1 / base) / (2 * torch.pi)  # rotations of each dimension over the original context
+    fast, slow = turns > 32, turns < 1
+    assert fast.any() and slow.any()
+    assert torch.equal(inv[fast], (1 / base)[fast])
+    assert torch.allclose(inv[slow], (1 / base)[slow] / 16)
+    ratio = inv * base  # 1 (kept) .. 1/16 (interpolated), monotone in between
+    assert bool((ratio[1:] <= ratio[:-1] + 1e-7).all())
+
+
+def test_published_tensor_names_and_config_checks():
+    fam = get_family("nemotron_diffusion")
+    assert fam.to_native("encoder.layers.3.self_attn.q_proj.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert fam.to_native("diffusion_head.weight") == "lm_head.weight"
+    assert fam.to_published("model.norm.weight") == "encoder.norm.weight"
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    assert fam.matches(cfg) and fam.adapter(cfg, 500).causal_mode
+    for key, value, match in (("dlm_paradigm", "block_diff", "dlm_paradigm"), ("sliding_window", 4096, "sliding_window")):
+        with pytest.raises(UnsupportedModelError, match=match):
+            fam.read_arch({**cfg, key: value})
+    bad = {**cfg, "rope_parameters": {**cfg["rope_parameters"], "rope_type": "longrope"}}
+    with pytest.raises(UnsupportedModelError, match="rope_type 'longrope'"):
+        fam.read_arch(bad)
+
+
+def test_published_8b_config_reads():
+    """The shipped full-size config (dare plan) gives the 8B architecture."""
+    from dare.plan.models import shipped_config
+    cfg = shipped_config("nvidia/Nemotron-Labs-Diffusion-8B")["config"]
+    arch = get_family("nemotron_diffusion").read_arch(cfg)
+    assert (arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim) == (34, 4096, 32, 8, 128)
+    assert arch.rope_scaling.original_max_position_embeddings == 16384 and arch.query_scale_span == 16384
+
+
+def test_decoder_settings_are_checked(model):
+    from dare.rollout import SamplerConfig, generate
+    with pytest.raises(ValueError, match="speculative .* needs cache='causal'"):
+        SamplerConfig(gen_length=16, block_length=8, speculative=True)
+    cfg = SamplerConfig(gen_length=16, block_length=8, cache="causal", speculative=True)
+    with pytest.raises(ValueError, match="hints cannot be used with speculative decoding"):
+        generate(model, [[5, 6, 7]], cfg, hints=torch.full((1, 16), -1))
+    with pytest.raises(ValueError, match="speculative cannot be combined with pausing"):
+        generate(model, [[5, 6, 7]], cfg, until_step=2)
+    assert model.adapter.cache_kinds == ("none", "prefix", "dual", "block", "causal")
+
+
+@pytest.mark.parametrize("cache", ["block", "causal"])
+def test_exact_caches_decode_padded_batches_as_rows_alone(model, cache):
+    """Left-padded rows of different lengths decode as they do alone (the store passes hide the padding), with a
+    threshold and a stop token, and with sampling (each row draws from its own generator)."""
+    from dare.rollout import SamplerConfig, generate
+    prompts = [[17, 112, 333], [5, 9, 44, 71, 300, 12, 8], [250]]
+    for cfg in (SamplerConfig(gen_length=24, block_length=8, cache=cache, threshold=0.5, stop_token_ids=[458],
+                              eos_early_stop=True),
+                SamplerConfig(gen_length=16, block_length=8, cache=cache, temperature=0.8)):
+        batched = generate(model, prompts, cfg, seeds=[1, 2, 3])
+        for i, p in enumerate(prompts):
+            alone = generate(model, [p], cfg, seeds=[i + 1])
+            assert torch.equal(batched.completion_ids[i], alone.completion_ids[0]), (cache, i)
+            assert int(batched.row_nfe[i]) == int(alone.row_nfe[0])
