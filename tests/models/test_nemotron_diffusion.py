@@ -122,3 +122,28 @@ def test_exact_caches_decode_padded_batches_as_rows_alone(model, cache):
             alone = generate(model, [p], cfg, seeds=[i + 1])
             assert torch.equal(batched.completion_ids[i], alone.completion_ids[0]), (cache, i)
             assert int(batched.row_nfe[i]) == int(alone.row_nfe[0])
+
+
+@pytest.mark.parametrize("cache", ["block", "causal"])
+def test_exact_caches_resume_as_if_never_paused(model, cache):
+    """A decode paused inside a block, or at a block's start, and resumed gives the uninterrupted decode's tokens; a
+    pause at a block's start comes before the block's seed, so the branches of a resumed node each draw their own."""
+    from dare.rollout import SamplerConfig, generate, resume
+    prompts = [[17, 112, 333], [5, 9, 44, 71, 300, 12, 8]]
+    cfg = SamplerConfig(gen_length=32, block_length=8, steps=32, cache=cache)
+    whole = generate(model, prompts, cfg)
+    for until in (8, 11, 17):
+        part = generate(model, prompts, cfg, until_step=until)
+        assert torch.equal(resume(model, part, cfg).completion_ids, whole.completion_ids), (cache, until)
+    if cache == "causal":
+        sampled = SamplerConfig(gen_length=16, block_length=8, steps=16, cache=cache, temperature=1.0)
+        part = generate(model, prompts[:1], sampled, until_step=8, seeds=[0])
+        assert int((part.completion_ids[0, 8:] != 500).sum()) == 0  # the second block is untouched at the pause
+        kids = resume(model, part, sampled, n=4, seeds=[1])
+        assert len({int(t) for t in kids.completion_ids[:, 8]}) > 1
+
+
+def test_rcr_is_refused_with_the_causal_cache(model):
+    from dare.rollout import SamplerConfig, generate
+    with pytest.raises(ValueError, match="rcr .* cannot be used with cache='causal'"):
+        generate(model, [[5, 6, 7]], SamplerConfig(gen_length=16, block_length=8, steps=8, cache="causal", rcr=True))

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..algorithms import ALGORITHMS, get_algorithm, load_builtin_algorithms
+from ..algorithms import ALGORITHMS, load_builtin_algorithms
 from ..algorithms.paper import LrDeparture, own
 
 __all__ = ["LrDeparture", "departure", "departure_markdown", "lr_departures", "lr_factor"]
 
 
 def departure(name: str) -> Optional[LrDeparture]:
-    """The departure registered algorithm ``name`` declares, or None."""
-    return own(get_algorithm(name), "departure")
+    """The departure algorithm ``name`` declares, or None (also for a name no algorithm is registered under)."""
+    load_builtin_algorithms()
+    cls = ALGORITHMS.get(name)
+    return own(cls, "departure") if cls is not None else None
 
 
 def lr_departures() -> dict[str, LrDeparture]:

@@ -169,8 +169,9 @@ def resume(model, partial: Rollout, config: Optional[SamplerConfig] = None, n: i
     with its own generator from ``seeds[row]`` as ``generate`` seeds prompts) from the state it paused in, with the
     same sampler ``config``; ``until_step`` pauses again. Branching a decode into a tree is ``resume`` with n > 1.
 
-    The exact block cache and uncached decoding continue exactly as if never paused (greedy decoding gives the same
-    tokens); a prefix / dual cache is refreshed at the resumed step."""
+    The exact caches of finished blocks (block models' ``block``, masked models' ``block`` / ``causal``) and uncached
+    decoding continue exactly as if never paused (greedy decoding gives the same tokens); a prefix / dual cache is
+    refreshed at the resumed step."""
     config = config or SamplerConfig()
     if partial.paused_at is None:
         raise ValueError("resume needs a paused rollout: generate(..., until_step=...) or resume(..., until_step=...)")

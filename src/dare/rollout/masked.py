@@ -166,20 +166,27 @@ class MaskedForward:
     def store(self, rows, c0: int) -> Optional[torch.Tensor]:
         """Exact caches: store the keys/values of columns [stored, c0) of ``rows`` (every row still decoding),
         attending to the stored columns and to themselves, causally with ``cache='causal'``. Returns then the logits
-        [n, V] of the last column: the next-token prediction for column c0."""
+        [n, V] of the last column: the next-token prediction for column c0. A resumed decode starts with an empty
+        cache: it stores the prompt and each finished block in turn, each seeing only what precedes it, as the
+        uninterrupted decode did (with causal attention one pass is the same)."""
         st = self.st
         if self.cache is None:
             self.cache, self.rows = self.model.new_cache(st.x.shape[1]), rows
         elif rows.numel() != self.rows.numel():  # rows that finished leave the cache
             self.cache.select(torch.isin(self.rows, rows).nonzero().flatten())
             self.rows = rows
-        s0, dev = self.stored, st.x.device
-        q, k = torch.arange(s0, c0, device=dev)[:, None], torch.arange(c0, device=dev)[None, :]
-        allowed = st.valid[rows, None, :c0] & (k <= q if self.causal else torch.ones_like(k, dtype=torch.bool))
-        mask = (allowed | (k == q))[:, None]  # padding queries see themselves: finite states that nothing reads
-        request = LogitsRequest(rows=slice(c0 - s0 - 1, c0 - s0), logits=self.causal, hidden=not self.causal)
-        out = self.model(st.x[rows, s0:c0], attention_mask=mask, position_ids=st.pos[rows, s0:c0], request=request,
-                         past_key_values=self.cache, kv_start=s0, store_kv=True)
+        dev, P = st.x.device, int(st.gen_start[0])
+        bounds = [self.stored, c0]
+        if not self.causal and self.stored < P < c0:  # resumed at block st.start[0] >= 1 (blocks of one size)
+            bounds = [self.stored, *range(P, c0 + 1, (c0 - P) // st.start[0])]
+        out = None
+        for s0, s1 in zip(bounds[:-1], bounds[1:]):
+            q, k = torch.arange(s0, s1, device=dev)[:, None], torch.arange(s1, device=dev)[None, :]
+            allowed = st.valid[rows, None, :s1] & (k <= q if self.causal else torch.ones_like(k, dtype=torch.bool))
+            mask = (allowed | (k == q))[:, None]  # padding queries see themselves: finite states that nothing reads
+            request = LogitsRequest(rows=slice(s1 - s0 - 1, s1 - s0), logits=self.causal, hidden=not self.causal)
+            out = self.model(st.x[rows, s0:s1], attention_mask=mask, position_ids=st.pos[rows, s0:s1], request=request,
+                             past_key_values=self.cache, kv_start=s0, store_kv=True)
         self.stored = c0
         return out.logits[:, -1].float() if self.causal else None
 
@@ -281,6 +288,11 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
 def _seed(st, cfg, remask, rows, c0: int, c1: int, logits: torch.Tensor) -> None:
     """``cache='causal'``: the block's first position, where still masked, takes the next token predicted by the
     causal pass that stored what precedes it (logits [n, V]); a step of its own for the trajectory."""
+    if cfg.rcr:  # its first step would rank the seeded position by a confidence it never had, and re-mask it
+        raise ValueError("rcr (running-confidence remasking) cannot be used with cache='causal': the seeded first "
+                         "token of a block has no running confidence")
+    if st.should_pause(int(c0 - st.gen_start[0]) // (c1 - c0), 0):  # a pause at the block's start: seeded on resume
+        return
     cur = st.x[rows, c0:c1]
     open_ = cur[:, 0] == st.mask_id
     if not bool(open_.any()):

@@ -9,7 +9,8 @@ runs the drafted block causally, storing its keys/values, and its argmax predict
 prefix of the draft that the verify predicts is accepted, plus the verify's token after it (at least one token per
 block); the cache keeps the accepted positions only. The tokens written are the verify's (equal to the draft's where
 accepted). A row's completion can overrun ``gen_length`` by up to ``block_length - 1`` tokens in the reference; here
-it is cut at ``gen_length``.
+it is cut at ``gen_length``. A row always ends at its first stop token (``eos_early_stop`` and ``block_stop`` change
+nothing here) and ``steps`` has no meaning (each block takes as many draft forwards as the threshold needs).
 
 Rows decode one at a time (their accepted lengths differ, so their caches do); greedy decoding of a row is the same
 alone or batched.
@@ -25,6 +26,9 @@ from .state import DecodeState
 
 
 def run_linear_spec(model, st: DecodeState, cfg: SamplerConfig) -> None:
+    if st.record:
+        raise ValueError("record_trajectory cannot be used with speculative decoding: its blocks are not denoising "
+                         "steps of a schedule (a draft's tokens are replaced by the verify's)")
     for r in st.active().tolist():
         _decode_row(model, st, cfg, r)
     st.finished[:] = True
@@ -44,19 +48,20 @@ def _decode_row(model, st: DecodeState, cfg: SamplerConfig, r: int) -> None:
     p0 = int((~st.valid[r, :P]).sum())  # left padding: the row's own tokens start here
     cache = model.new_cache(P - p0 + G + L)
 
-    def forward(tokens: torch.Tensor, start: int, causal: bool, store: bool) -> torch.Tensor:
-        """Logits [1, n, V] of ``tokens [1, n]`` at row positions start.. against the cache (causal or full)."""
+    def forward(tokens: torch.Tensor, start: int, causal: bool, store: bool, last: bool = False) -> torch.Tensor:
+        """Logits [1, n, V] of ``tokens [1, n]`` at row positions start.. against the cache (causal or full); with
+        ``last`` those of the last position only [1, 1, V]."""
         n = tokens.shape[1]
         q, k = torch.arange(start, start + n)[:, None], torch.arange(start + n)[None, :]
         attn = (k <= q)[None, None].to(st.x.device) if causal else None
         pos = torch.arange(start, start + n, device=st.x.device)[None]
         out = model(tokens, attention_mask=attn, position_ids=pos, past_key_values=cache, kv_start=start,
-                    store_kv=store, request=LogitsRequest())
+                    store_kv=store, request=LogitsRequest(rows=slice(n - 1, n) if last else None))
         st.count_forward(row)
         return out.logits.float()
 
     prompt = st.x[row, p0:P]
-    first, _ = _next(st, cfg, remask, row, forward(prompt, 0, True, True)[:, -1:])
+    first, _ = _next(st, cfg, remask, row, forward(prompt, 0, True, True, last=True))
     out = [first[0]]  # generated tokens
     stops = st.stop_ids
     while len(out[-1]) and not bool(torch.isin(out[-1], stops).any()) and sum(len(t) for t in out) < G:

@@ -42,9 +42,12 @@ def _rope(cfg: dict, name: str) -> tuple[float, RopeScaling | None, float, int]:
     if kind not in ("default", "yarn"):
         raise UnsupportedModelError(f"{name}: rope_type {kind!r} is not supported by dare's native implementation "
                                     f"(supported: 'default', 'yarn')")
-    span = rope.get("original_max_position_embeddings")
+    span = rope.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")  # transformers' fallback
     scaling = None
     if kind == "yarn":
+        if not span:
+            raise UnsupportedModelError(f"{name}: YaRN RoPE needs original_max_position_embeddings or "
+                                        f"max_position_embeddings")
         factor = rope.get("factor") or cfg["max_position_embeddings"] / span
         mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
         attention_factor = rope.get("attention_factor")
@@ -56,7 +59,8 @@ def _rope(cfg: dict, name: str) -> tuple[float, RopeScaling | None, float, int]:
                               attention_factor=float(attention_factor), truncate=bool(rope.get("truncate", True)))
     beta = float(rope.get("llama_4_scaling_beta") or 0.0)
     if beta and not span:
-        raise UnsupportedModelError(f"{name}: llama_4_scaling_beta needs original_max_position_embeddings")
+        raise UnsupportedModelError(f"{name}: llama_4_scaling_beta needs original_max_position_embeddings or "
+                                    f"max_position_embeddings")
     return theta, scaling, beta, int(span or 1)
 
 
