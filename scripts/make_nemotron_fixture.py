@@ -1,5 +1,6 @@
 """Make tests/assets/fixtures/nemotron-tiny: a tiny random Nemotron-Labs-Diffusion model in its published layout, with
-the logits of the reference model (bidirectional and causal) and greedy decodes of its three decoders.
+the logits of the reference model (bidirectional and causal), greedy decodes of its three decoders and the loss of
+its training forward.
 
 The reference is the Hub code of nvidia/Nemotron-Labs-Diffusion-{3B,8B} (``modeling_nemotron_labs_diffusion.py``,
 ``configuration_nemotron_labs_diffusion.py`` and the vendored backbone ``modeling_ministral.py``; NVIDIA). The Hub is
@@ -131,7 +132,39 @@ def run(folder: Path) -> None:
     meta = {"reference": SOURCE, "transformers": __import__("transformers").__version__, "torch": torch.__version__,
             "mask_token_id": MASK, "eos_token_id": EOS, "bos_token_id": BOS, "cases": cases}
     (OUT / "expected_generate.json").write_text(json.dumps(meta, indent=1) + "\n")
+    record_training_loss(model)
     print(f"wrote {OUT}: {len(cases)} decodes")
+
+
+def record_training_loss(model) -> None:
+    """expected_loss.pt: the published paradigm's training forward (``labels`` and a ``loss_mask`` that is 0 on the
+    prompt) on two rows of 40 tokens (prompts of 9 and 23). ``forward_process`` draws one t per row
+    (``torch.rand(b)``), then the token draws (``torch.rand((b, l))``), masks the loss-mask tokens whose draw is below
+    (1 - 1e-3) t + 1e-3, and the forward returns (sum of the masked tokens' cross-entropy / p_mask, number of masked
+    tokens): the caller divides one by the other. The draws are recorded as drawn."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 500, (2, 40), generator=g)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, :9] = 0
+    loss_mask[1, :23] = 0
+    draws, rand = [], torch.rand
+
+    def recording_rand(*args, **kwargs):
+        out = rand(*args, **kwargs)
+        draws.append(out.clone())
+        return out
+
+    torch.manual_seed(8)  # t = 0.60 and 0.85: most answer tokens masked
+    torch.rand = recording_rand
+    try:
+        with torch.no_grad():
+            total, count = model(ids.clone(), labels=ids.clone(), loss_mask=loss_mask.clone()).loss
+    finally:
+        torch.rand = rand
+    assert [tuple(d.shape) for d in draws] == [(2,), (2, 40)], [d.shape for d in draws]
+    torch.save({"input_ids": ids, "loss_mask": loss_mask, "t_draws": draws[0], "token_draws": draws[1], "eps": 1e-3,
+                "loss_sum": total.float(), "masked_tokens": int(count), "loss": (total / count).float()},
+               OUT / "expected_loss.pt")
 
 
 if __name__ == "__main__":

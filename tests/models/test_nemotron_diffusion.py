@@ -147,3 +147,34 @@ def test_rcr_is_refused_with_the_causal_cache(model):
     from dare.rollout import SamplerConfig, generate
     with pytest.raises(ValueError, match="rcr .* cannot be used with cache='causal'"):
         generate(model, [[5, 6, 7]], SamplerConfig(gen_length=16, block_length=8, steps=8, cache="causal", rcr=True))
+
+
+def test_sft_matches_the_reference_training_loss(model, monkeypatch):
+    """The published paradigm's training loss (one t per example, masked tokens' CE / t over their count; the prompt
+    never masked) is SFT with ``normalize: masked_tokens``: with the reference's own draws (expected_loss.pt) dare
+    masks the same tokens and its loss equals the reference's."""
+    import dare.algorithms.sft as sft
+    from dare.algorithms import StepContext, build_algorithm
+    from dare.algorithms.sft import SFTConfig
+    from dare.trainer import stages
+    from dare.trainer.data import SFTDoc, sft_rows_batch
+    r = torch.load(FOLDER / "expected_loss.pt")
+    ids, keep = r["input_ids"], r["loss_mask"].bool()
+    rows = [[SFTDoc(i, ids[i][~keep[i]].tolist(), ids[i][keep[i]].tolist())] for i in range(ids.shape[0])]
+    batch = sft_rows_batch(rows, [0, 1], 1, False)
+    times, tokens = iter(r["t_draws"].tolist()), iter(r["token_draws"])
+    real_rand = torch.rand
+    monkeypatch.setattr(sft, "sample_time", lambda g, lo, hi, eps: (1 - eps) * next(times) + eps)
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None: next(tokens) if n == ids.shape[1] else real_rand(n))
+    algo = build_algorithm(SFTConfig(normalize="masked_tokens"))
+    ctx = StepContext(step=0, seed=0, adapter=model.adapter)
+    stages.prepare(algo, ctx, batch, model)
+    monkeypatch.undo()
+    (view,) = batch.views[0]
+    t = (1 - r["eps"]) * r["t_draws"][:, None] + r["eps"]
+    assert torch.equal(view.targets, (r["token_draws"] < t) & keep)
+    ctx.norms = algo.normalizers(batch)
+    assert ctx.norms["masked_tokens"] == r["masked_tokens"]
+    with torch.no_grad():
+        loss = algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch.views[0]), 0)[0]
+    assert abs(loss.item() - r["loss"].item()) < 1e-4, (loss.item(), r["loss"].item())
