@@ -21,8 +21,9 @@ def run(args) -> int:
     from dare.models import FAMILIES, load_model
 
     if not args.paths:
+        width = max(len(name) for name in FAMILIES)
         for fam in FAMILIES.values():
-            print(f"{fam.name:12s} {fam.description}")
+            print(f"{fam.name:{width}s}  {fam.description}")
         return 0
     for path in args.paths:
         t0 = time.time()
