@@ -45,13 +45,9 @@ class Case:
         return f"{self.folder}-{self.index}-" + "-".join(str(r[k]) for k in keys)
 
 
-# Reference decoders dare has no counterpart of yet (their cases are left out).
-NOT_IMPLEMENTED: set[str] = set()
-
-
 def load_cases(folder: str) -> list[Case]:
     data = json.loads((FIXTURES / folder / "expected_generate.json").read_text())
-    return [_case(folder, i, c, data) for i, c in enumerate(data["cases"]) if c.get("decoder") not in NOT_IMPLEMENTED]
+    return [_case(folder, i, c, data) for i, c in enumerate(data["cases"])]
 
 
 def _cut(gen: list, stops: list, G: int) -> list:
@@ -114,23 +110,19 @@ def _case(folder: str, i: int, c: dict, top: dict) -> Case:
                             block_stop=True)
         gen, stops = c["output"][P:], [c["stop_token"]]
         nfe_offset = None
-    elif c["decoder"] in ("nemotron.generate", "nemotron.ar_generate"):
-        # Blocks after the prompt, one token per step over block_length steps (the reference's fixed schedule) or
-        # Fast-dLLM's threshold rule, against the exact cache of what precedes the block: stored causally with the
-        # next token seeding the block (causal_context) or with full attention. The reference's nfe counts the
-        # denoising steps and one store per block, not the prefill; ours counts the prefill and not the store after
-        # the last block: the same number. ar_generate is the causal cache with blocks of one token.
-        L = c.get("block_length", 1)
+    elif c["decoder"].startswith("nemotron."):
+        # generate: blocks after the prompt, one token per step over block_length steps (the reference's fixed
+        # schedule) or Fast-dLLM's threshold rule, against the exact cache of what precedes the block: stored causally
+        # with the next token seeding the block (causal_context) or with full attention. The reference's nfe counts
+        # the denoising steps and one store per block, not the prefill; ours counts the prefill and not the store
+        # after the last block: the same number. ar_generate: the causal cache with blocks of one token.
+        # linear_spec_generate: a bidirectional draft of each block (every mask at once: threshold 0, or the
+        # threshold rule per forward), a causal verify, the longest agreeing prefix plus one kept; its nfe: the
+        # prefill, drafts and verifies.
         causal = c.get("causal_context", True)
-        cfg = SamplerConfig(gen_length=c["max_new_tokens"], block_length=L, steps=c["max_new_tokens"],
-                            threshold=c.get("threshold"), cache="causal" if causal else "block",
-                            stop_token_ids=[c["eos_token_id"]], eos_early_stop=True, block_stop=True)
-        gen, stops = c["output"][P:], [c["eos_token_id"]]
-    elif c["decoder"] == "nemotron.linear_spec_generate":
-        # A bidirectional draft of each block (every mask at once, or the threshold rule per forward), a causal
-        # verify, the longest agreeing prefix plus one kept. The reference's nfe: the prefill, drafts and verifies.
-        cfg = SamplerConfig(gen_length=c["max_new_tokens"], block_length=c["block_length"], steps=c["max_new_tokens"],
-                            threshold=c["threshold"] or None, cache="causal", speculative=True,
+        cfg = SamplerConfig(gen_length=c["max_new_tokens"], block_length=c.get("block_length", 1),
+                            steps=c["max_new_tokens"], threshold=c.get("threshold") or None,
+                            cache="causal" if causal else "block", speculative=c["decoder"].endswith("linear_spec_generate"),
                             stop_token_ids=[c["eos_token_id"]], eos_early_stop=True, block_stop=True)
         gen, stops = c["output"][P:], [c["eos_token_id"]]
     elif c["decoder"] == "llada2.0_generate":

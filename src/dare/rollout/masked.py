@@ -182,7 +182,7 @@ class MaskedForward:
         out = None
         for s0, s1 in zip(bounds[:-1], bounds[1:]):
             q, k = torch.arange(s0, s1, device=dev)[:, None], torch.arange(s1, device=dev)[None, :]
-            allowed = st.valid[rows, None, :s1] & (k <= q if self.causal else torch.ones_like(k, dtype=torch.bool))
+            allowed = st.valid[rows, None, :s1] & (k <= q) if self.causal else st.valid[rows, None, :s1]
             mask = (allowed | (k == q))[:, None]  # padding queries see themselves: finite states that nothing reads
             request = LogitsRequest(rows=slice(s1 - s0 - 1, s1 - s0), logits=self.causal, hidden=not self.causal)
             out = self.model(st.x[rows, s0:s1], attention_mask=mask, position_ids=st.pos[rows, s0:s1], request=request,

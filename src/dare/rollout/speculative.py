@@ -34,7 +34,8 @@ def run_linear_spec(model, st: DecodeState, cfg: SamplerConfig) -> None:
     st.finished[:] = True
 
 
-def _next(st: DecodeState, cfg: SamplerConfig, remask, row: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def _next(st: DecodeState, cfg: SamplerConfig, remask, row: torch.Tensor,
+          logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and confidences [1, n] of ``logits [1, n, V]`` (argmax at temperature 0, never the mask token)."""
     cand = propose(logits, remask, cfg.temperature, cfg.top_k, cfg.top_p, st.row_gens(row), masked_model=True,
                    forbid=st.mask_id)
@@ -52,9 +53,8 @@ def _decode_row(model, st: DecodeState, cfg: SamplerConfig, r: int) -> None:
         """Logits [1, n, V] of ``tokens [1, n]`` at row positions start.. against the cache (causal or full); with
         ``last`` those of the last position only [1, 1, V]."""
         n = tokens.shape[1]
-        q, k = torch.arange(start, start + n)[:, None], torch.arange(start + n)[None, :]
-        attn = (k <= q)[None, None].to(st.x.device) if causal else None
         pos = torch.arange(start, start + n, device=st.x.device)[None]
+        attn = (torch.arange(start + n, device=st.x.device) <= pos[0, :, None])[None, None] if causal else None
         out = model(tokens, attention_mask=attn, position_ids=pos, past_key_values=cache, kv_start=start,
                     store_kv=store, request=LogitsRequest(rows=slice(n - 1, n) if last else None))
         st.count_forward(row)
@@ -62,10 +62,10 @@ def _decode_row(model, st: DecodeState, cfg: SamplerConfig, r: int) -> None:
 
     prompt = st.x[row, p0:P]
     first, _ = _next(st, cfg, remask, row, forward(prompt, 0, True, True, last=True))
-    out = [first[0]]  # generated tokens
+    out, total = [first[0]], 1  # generated tokens, and how many
     stops = st.stop_ids
-    while len(out[-1]) and not bool(torch.isin(out[-1], stops).any()) and sum(len(t) for t in out) < G:
-        start = P - p0 + sum(len(t) for t in out) - 1  # the block opens with the last accepted token
+    while not bool(torch.isin(out[-1], stops).any()) and total < G:
+        start = P - p0 + total - 1  # the block opens with the last accepted token
         block = torch.full((1, L), mask, dtype=torch.long, device=st.x.device)
         block[0, 0] = out[-1][-1]
         while bool((block == mask).any()):  # the draft (nothing stored)
@@ -78,6 +78,7 @@ def _decode_row(model, st: DecodeState, cfg: SamplerConfig, r: int) -> None:
         accepted = int(agree.sum()) + 1
         cache.crop(start + accepted)
         out.append(ar[0, :accepted])
+        total += accepted
     gen = torch.cat(out)
     hit = torch.isin(gen, stops).nonzero()
     gen = gen[:int(hit[0]) + 1] if hit.numel() else gen
