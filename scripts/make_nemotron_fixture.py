@@ -167,8 +167,68 @@ def record_training_loss(model) -> None:
                OUT / "expected_loss.pt")
 
 
+BLOCK_DIFF_BLOCK = 8
+
+
+def record_block_diff_loss(folder: Path) -> None:
+    """expected_loss_block_diff.pt: the ``block_diff`` paradigm's training forward on the fixture's weights (the
+    reference's ``NemotronLabsDiffusionFlexAttention``: ``[x_t ; x_0]``, noisy blocks of ``block_size`` 8 seeing
+    themselves and the earlier clean blocks, the clean half token-causal; FlexAttention run eagerly, as a CPU allows),
+    on two rows of 16 tokens (prompts of 5 and 9) with the draws recorded as for expected_loss.pt. The forward returns
+    (diffusion sum + ar_loss_weight x the clean half's next-token cross-entropy sum, masked tokens + ar_loss_weight x
+    16); the diffusion sum alone comes from the same draws with ``ar_loss_weight`` 0. 2 x 16 = 32 positions: the
+    reference scales a clean query by its index in the doubled input (``cache_position``), dare by its position, the
+    same factor (1) while the doubled input is within ``original_max_position_embeddings``."""
+    from safetensors.torch import load_file
+    from torch.nn.attention.flex_attention import flex_attention
+    modeling, configuration = load_reference(folder)
+    modeling.fused_flex_attention = flex_attention  # the compiled kernel needs a GPU: the same function, eager
+    cfg = json.loads((OUT / "config.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "auto_map", "transformers_version")}
+    cfg.update(dlm_paradigm="block_diff", block_size=BLOCK_DIFF_BLOCK)
+    config = configuration.NemotronLabsDiffusionConfig(**cfg)
+    config._attn_implementation = "sdpa"
+    model = modeling.NemotronLabsDiffusionModel(config).float().eval()
+    model.load_state_dict(load_file(OUT / "model.safetensors"))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 500, (2, 16), generator=g)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, :5] = 0
+    loss_mask[1, :9] = 0
+    out, rand = {}, torch.rand
+    for weight in (1.0, 0.0):
+        draws = []
+
+        def recording_rand(*args, **kwargs):
+            t = rand(*args, **kwargs)
+            draws.append(t.clone())
+            return t
+
+        model.config.ar_loss_weight = weight
+        torch.manual_seed(4)
+        torch.rand = recording_rand
+        try:
+            with torch.no_grad():
+                total, count = model(ids.clone(), labels=ids.clone(), loss_mask=loss_mask.clone()).loss
+        finally:
+            torch.rand = rand
+        assert [tuple(d.shape) for d in draws] == [(2,), (2, 16)], [d.shape for d in draws]
+        out[weight] = (total.double(), int(count), draws, float(model.loss_ar) * ids.shape[1])
+    (total, count, draws, ar_sum), (diffusion, masked, _, _) = out[1.0], out[0.0]
+    torch.save({"input_ids": ids, "loss_mask": loss_mask, "t_draws": draws[0], "token_draws": draws[1], "eps": 1e-3,
+                "block_size": BLOCK_DIFF_BLOCK, "ar_loss_weight": 1.0, "loss_sum": total.float(), "count": count,
+                "diffusion_sum": diffusion.float(), "masked_tokens": masked, "ar_sum": torch.tensor(ar_sum)},
+               OUT / "expected_loss_block_diff.pt")
+    print(f"block_diff: diffusion {float(diffusion):.6f} over {masked} masked, AR {ar_sum:.6f}, total {float(total):.6f}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reference", type=Path, required=True,
                     help="a folder with the Hub's three .py files and its config.json")
-    run(ap.parse_args().reference)
+    ap.add_argument("--block-diff-only", action="store_true",
+                    help="only (re)make expected_loss_block_diff.pt from the fixture's weights")
+    args = ap.parse_args()
+    if not args.block_diff_only:
+        run(args.reference)
+    record_block_diff_loss(args.reference)

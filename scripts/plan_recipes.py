@@ -59,13 +59,21 @@ def shape_key(recipe) -> str:
         d["train"].pop(k, None)
     for k in ("rdzv_endpoint", "rdzv_id"):  # where the nodes meet, not what they run
         d["distributed"].pop(k, None)
+    # What the rollout records is the method's request (``Algorithm.record``), no longer a sampler setting of the
+    # recipe: it shapes the step as it did, under the sampler keys the plans were keyed with.
+    if isinstance(d.get("rollout"), dict) and isinstance(d["rollout"].get("sampler"), dict):
+        from dare.algorithms import build_algorithm
+        record = build_algorithm(recipe.algorithm).record
+        d["rollout"]["sampler"]["record_trajectory"] = record.trajectory
+        d["rollout"]["sampler"]["record_entropy"] = record.entropy
     # Settings added after the cached plans were keyed, left out at their defaults (so adding a setting does not
-    # unplan every recipe): the node layout, SFT's editing stream and Fast-dLLM v2 noise, the sampler's any-order and
+    # unplan every recipe): the node layout, SFT's editing stream, Fast-dLLM v2 noise and Nemotron's block_diff, the sampler's any-order and
     # entropy records, its sub-blocks and speculative decoding.
     for path, default in ((("distributed", "nnodes"), 1), (("distributed", "sharding"), "full"),
                           (("distributed", "sequence_parallel"), 1), (("algorithm", "edit_ratio"), 0.0),
                           (("algorithm", "edit_weight"), 1.0), (("algorithm", "keep_weight"), 0.0),
                           (("algorithm", "t_per_block"), False), (("algorithm", "complementary"), False),
+                          (("algorithm", "block_diff"), None), (("algorithm", "ar_loss_weight"), 1.0),
                           (("rollout", "sampler", "speculative"), False),
                           (("rollout", "sampler", "any_order"), False),
                           (("rollout", "sampler", "record_entropy"), False),

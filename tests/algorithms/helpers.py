@@ -71,6 +71,6 @@ def plain_services(**fields):
     from dare.algorithms import Services
     from dare.rollout import generate
 
-    def decode(model, prompt_tokens, sampler, n, seeds, attention_mask=None):
-        return generate(model, prompt_tokens, sampler, n=n, seeds=seeds, attention_mask=attention_mask)
+    def decode(model, prompt_tokens, sampler, n, seeds, attention_mask=None, record=None):
+        return generate(model, prompt_tokens, sampler, n=n, seeds=seeds, attention_mask=attention_mask, record=record)
     return Services(generate=decode, gathered=lambda model: contextlib.nullcontext(), **fields)

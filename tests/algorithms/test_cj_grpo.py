@@ -10,7 +10,7 @@ from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, is_block_family, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, replay_batch, rollout_batch, run_recipe, setup
 
-ASS = dict(schedule="ass", eoser=True, eoser_gamma_min=0.01, temperature=1.0, record_trajectory=True)
+ASS = dict(schedule="ass", eoser=True, eoser_gamma_min=0.01, temperature=1.0)
 
 
 @pytest.mark.parametrize("ass_blocks", [1, 3])

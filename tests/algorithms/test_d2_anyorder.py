@@ -32,7 +32,7 @@ def _setup(family="llada", **config):
 
 def _rollout(model, gen_length=8, block_length=4, steps=6, **kw):
     sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps, temperature=1.0,
-                            any_order=True, record_trajectory=True, block_stop=False, **kw)
+                            any_order=True, block_stop=False, **kw)
     batch, r = rollout_batch(model, sampler, prompts=PROMPTS, n=2)
     batch.completion_mask[:] = True  # score every token (the tiny model's EOS would end some completions early)
     return batch, r

@@ -34,7 +34,7 @@ def _setup(family="llada", **config):
 
 def _rollout(model, ctx, prompts=PROMPTS, **sampler):
     block = model.adapter.block_size if model.adapter.is_block_causal else 4
-    kw = dict(gen_length=8, block_length=block, temperature=1.0, record_trajectory=True, block_stop=False)
+    kw = dict(gen_length=8, block_length=block, temperature=1.0, block_stop=False)
     kw.update(sampler)
     if "steps" not in kw and "steps_per_block" not in kw:
         kw["steps"] = 8

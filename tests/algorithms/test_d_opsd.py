@@ -10,6 +10,7 @@ from dare.algorithms import build_algorithm
 from dare.algorithms.common.replay import step_groups
 from dare.algorithms.d_opsd import (DOPSDConfig, chunk_plan, recorded_states, retry_until_correct, select_positions,
                                     step_table)
+from dare.algorithms.base import lend_modules
 from dare.algorithms.losses import topk_divergence
 from dare.rollout.config import SamplerConfig
 from dare.trainer import stages
@@ -92,7 +93,7 @@ def test_teacher_input_is_the_state_plus_a_quarter_of_the_future_from_the_final_
     model, algo, ctx, batch = _prepared()
     rec = Recorder(model)
     with torch.no_grad():
-        algo.score_frozen(ctx, batch, rec, 1)  # one row per forward: inputs map to (view, row)
+        algo.score_frozen(ctx, batch, lend_modules(reference=rec), 1)  # one row per forward: inputs map to (view, row)
     st, P, BL = batch.state, batch.prompt_ids.shape[1], 4
     mask_id, Lc = model.adapter.mask_token_id, batch.completion_ids.shape[1]
     it = iter(rec.inputs)
@@ -125,7 +126,7 @@ def test_only_the_teachers_most_confident_masked_positions_of_the_current_block_
     model, algo, ctx, batch = _prepared()
     rec = Recorder(model)
     with torch.no_grad():
-        state = algo.score_frozen(ctx, batch, rec, 1)  # one row per forward, in (iteration, view, row) order
+        state = algo.score_frozen(ctx, batch, lend_modules(reference=rec), 1)  # one row per forward, in (iteration, view, row) order
     st, P, mask_id = batch.state, batch.prompt_ids.shape[1], model.adapter.mask_token_id
     calls = iter(zip(rec.inputs, rec.kwargs))
     checked = 0
@@ -149,8 +150,8 @@ def test_only_the_teachers_most_confident_masked_positions_of_the_current_block_
                 # the cached top-k: the teacher's 20 largest logits there, renormalised over them
                 at = logits[(torch.tensor(expected) - blk * 4)]
                 top = at.topk(20, dim=-1)
-                assert torch.equal(state.teacher_ids[i, slot][state.valid[i, slot]], top.indices)
-                assert torch.allclose(state.teacher_logq[i, slot][state.valid[i, slot]],
+                assert torch.equal(state.ids[i, slot][state.valid[i, slot]], top.indices)
+                assert torch.allclose(state.logq[i, slot][state.valid[i, slot]],
                                       torch.log_softmax(top.values, -1), atol=1e-6)
                 checked += 1
     assert checked > 4
@@ -171,21 +172,25 @@ def test_the_teacher_cache_is_scored_once_and_serves_every_inner_iteration():
     assert counts["teacher"] == 1
     st = batch.state
     D, W = st.plan.shape[1], st.plan.shape[2]
-    assert st.teacher_logq.shape[:2] == (batch.size, D * W) and st.teacher_logq.shape[-1] == 20
+    teacher = batch.frozen
+    assert teacher.logq.shape[:2] == (batch.size, D * W) and teacher.logq.shape[-1] == 20
     assert [v.info["slot"][0].item() for j in range(D) for v in batch.views[j]] == list(range(D * W))
     # renormalised over the top-20: each cached distribution sums to one
-    ok = st.valid
-    assert torch.allclose(st.teacher_logq[ok].exp().sum(-1), torch.ones(int(ok.sum())), atol=1e-5)
+    ok = teacher.valid
+    assert torch.allclose(teacher.logq[ok].exp().sum(-1), torch.ones(int(ok.sum())), atol=1e-5)
 
 
 def test_fixed_teacher_reads_the_reference_and_the_other_the_current_weights():
-    assert build_algorithm(DOPSDConfig()).frozen_model == "reference"
-    assert build_algorithm(DOPSDConfig(fixed_teacher=False)).frozen_model == "policy"
+    assert build_algorithm(DOPSDConfig()).frozen_models == ("reference",)
+    assert build_algorithm(DOPSDConfig(fixed_teacher=False)).frozen_models == ("policy",)
     algo = build_algorithm(DOPSDConfig())
+    ctx = StepContext(step=0, seed=0, adapter=None)
     with pytest.raises(ValueError, match="scores with the reference policy"):
-        stages.frozen_scoring(algo, torch.nn.Linear(1, 1), None)
+        stages.lender(algo, ctx, torch.nn.Linear(1, 1), None)("reference")
+    with pytest.raises(ValueError, match="does not name"):  # a method borrows only what it declares
+        stages.lender(algo, ctx, torch.nn.Linear(1, 1), None)("policy")
     model = torch.nn.Linear(1, 1)
-    with stages.frozen_scoring(build_algorithm(DOPSDConfig(fixed_teacher=False)), model, None) as t:
+    with stages.lender(build_algorithm(DOPSDConfig(fixed_teacher=False)), ctx, model, None)("policy") as t:
         assert t is model and not torch.is_grad_enabled()
 
 
@@ -226,7 +231,7 @@ def _total_loss(algo, ctx, model, batch):
 def test_loss_is_zero_when_the_teacher_equals_the_student():
     # the current weights as teacher and nothing revealed: the same distribution at every supervised position
     model, algo, ctx, batch = _prepared(DOPSDConfig(inner_iterations=2, fixed_teacher=False, reveal_ratio=0.0))
-    assert int(batch.state.valid.sum()) > 0
+    assert int(batch.frozen.valid.sum()) > 0
     for it in range(2):
         model.zero_grad()
         m = algo.backward(ctx, model, batch, it)
@@ -268,8 +273,8 @@ def test_loss_is_a_per_state_mean_summed_over_positions_and_tokens():
     for i in range(batch.size):
         b = int((st.plan[i, 0] >= 0).sum())
         for r in range(b):
-            ok = st.valid[i, r]
-            d = (s[i, r].exp() * (s[i, r] - st.teacher_logq[i, r]))[ok].sum()
+            ok = batch.frozen.valid[i, r]
+            d = (s[i, r].exp() * (s[i, r] - batch.frozen.logq[i, r]))[ok].sum()
             manual += float(d) / b
     assert abs(float(loss) - manual / batch.size) < 1e-6
 
@@ -333,8 +338,6 @@ def test_rollouts_it_cannot_train_on_are_refused():
         algo.check_rollout(SamplerConfig(gen_length=8, block_length=8), None)
     with pytest.raises(ValueError, match="rcr"):
         algo.check_rollout(SamplerConfig(gen_length=8, block_length=4, rcr=True), None)
-    with pytest.raises(ValueError, match="record_trajectory"):
-        algo.check_rollout(SamplerConfig(gen_length=8, block_length=4, record_trajectory=True), None)
     algo.check_rollout(SamplerConfig(gen_length=8, block_length=4), None)
     for bad in ({"reveal_ratio": 1.5}, {"jsd_beta": 2.0}, {"token_clip": 0.0}, {"passk": 0}, {"positions": "x"}):
         with pytest.raises(ValueError):
@@ -357,7 +360,7 @@ def test_sampler_positions_are_the_tokens_the_step_wrote():
             s = int(st.plan[i, 0, r])
             if s >= 0:
                 written = (st.ranks[i] == s).nonzero().flatten()
-                assert sorted(st.positions[i, r][st.valid[i, r]].tolist()) == written.tolist()
+                assert sorted(batch.frozen.positions[i, r][batch.frozen.valid[i, r]].tolist()) == written.tolist()
 
 
 # --- learning ---------------------------------------------------------------------------------------------------
@@ -423,7 +426,7 @@ def loss_parity_d_opsd(algo, x, monkeypatch):
     def tables(block, states):
         return torch.stack([block_logits(block[i], states[i], P, BL, 2) for i in range(B)])
     teacher = RowTable(x["teacher_trajectory"], tables(x["teacher_logits"], x["teacher_trajectory"]))
-    batch.state = algo.score_frozen(ctx, batch, teacher, 1000)
+    batch.frozen = algo.score_frozen(ctx, batch, lend_modules(reference=teacher), 1000)
     ctx.norms = algo.normalizers(batch)
     logits = leaf(x, "student_logits")
     student = RowTable(x["trajectory"], tables(logits, x["trajectory"]))

@@ -77,12 +77,12 @@ def test_transitions_of_every_path_reproduce_the_completion(family, kw):
         covered = torch.zeros_like(state, dtype=torch.bool)
         for k, row in enumerate(path):
             seg = offsets[k] + row
-            assert torch.equal(batch.state.parent_ids[seg], state)  # the segment is scored from its parent's state
-            new = (batch.step_map[seg] >= 0) & (batch.state.parent_step_map[seg] < 0)
+            assert torch.equal(batch.tree.parent_ids[seg], state)  # the segment is scored from its parent's state
+            new = (batch.step_map[seg] >= 0) & (batch.tree.parent_step_map[seg] < 0)
             assert not (new & covered).any()
             state = torch.where(new, batch.completion_ids[seg], state)
             covered |= new
-            assert torch.equal(batch.state.segment_targets[seg], new & batch.completion_mask[seg])
+            assert torch.equal(batch.tree.segment_targets[seg], new & batch.completion_mask[seg])
         written = leaves.step_map[r] >= 0
         assert torch.equal(covered, written)
         assert torch.equal(state[written], leaves.completion_ids[r][written])
@@ -91,7 +91,7 @@ def test_transitions_of_every_path_reproduce_the_completion(family, kw):
 def test_segment_ids_are_global_and_siblings_share_their_parents_id():
     model, tree = _tree("llada", branching=(2, 3), cuts=(4,))
     batch = segments_batch(tree, torch.zeros(12), torch.tensor([5, 9]), model.adapter.mask_token_id)
-    uid, group, level = batch.uid, batch.group, batch.state.tree_level
+    uid, group, level = batch.uid, batch.group, batch.tree.tree_level
     assert uid.unique().numel() == batch.size == 2 * (2 + 6)
     S = 2 + 6 + 1
     assert set((uid // S).tolist()) == {5, 9} and ((uid % S) >= 1).all()
@@ -197,7 +197,7 @@ def test_segment_loss_at_ratio_one_is_minus_the_mean_over_segments_of_their_adva
     stages.prepare(algo, ctx, batch, model)
     ctx.norms = algo.normalizers(batch)
     m = stages.update(algo, ctx, model, batch, 0, micro_batch_size=5)
-    has = batch.state.segment_targets.any(1).float()
+    has = batch.tree.segment_targets.any(1).float()
     expected = -(batch.advantages.values * has).sum() / batch.size
     assert m["loss"] == pytest.approx(float(expected), abs=1e-6) and m["ratio_mean"] == pytest.approx(1.0)
 
@@ -209,7 +209,7 @@ def test_self_distillation_equals_the_kl_to_the_parent_distribution():
     batch = _tree_batch(model, algo, rewards=torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0] * 2))
     adv = algo.advantages(ctx, batch).values
     lam, tau = sd_schedule(ctx.step, algo.config)
-    w, log_q, pairs = distillation_targets(batch.completion_ids, batch.state.segment_targets, adv, batch.group, tau)
+    w, log_q, pairs = distillation_targets(batch.completion_ids, batch.tree.segment_targets, adv, batch.group, tau)
     assert pairs > 0
     views = algo.corrupt(ctx, batch, 0)
     with torch.no_grad():
@@ -223,13 +223,13 @@ def test_self_distillation_equals_the_kl_to_the_parent_distribution():
         if members.numel() <= 1 or pos.numel() == 0:
             continue
         i0 = int(members[0])
-        x = torch.cat([batch.prompt_ids[i0], batch.state.parent_ids[i0]])[None]
+        x = torch.cat([batch.prompt_ids[i0], batch.tree.parent_ids[i0]])[None]
         with torch.no_grad():
             parent_lp = model(x, attention_mask=torch.cat([batch.prompt_mask[i0], torch.ones(8, dtype=torch.bool)])[None]
                               ).logits[0, P:].float().log_softmax(-1)
         wts = torch.softmax(adv[pos].double() / tau, 0)
         for j in range(8):
-            act = batch.state.segment_targets[pos, j]
+            act = batch.tree.segment_targets[pos, j]
             if not act.any():
                 continue
             toks, ww = batch.completion_ids[pos[act], j], wts[act]
@@ -258,14 +258,14 @@ def test_a_segment_is_scored_from_its_parents_state_as_the_sampler_saw_it(family
     tree = generate_tree(model, [tok.encode(p) for p in PROMPTS], sampler, [2, 2], algo.cut_steps(model, sampler),
                          seeds=[5, 6])
     batch = segments_batch(tree, torch.zeros(8), torch.tensor([0, 1]), model.adapter.mask_token_id)
-    batch.state.block_length = sampler.block_length
+    batch.tree.block_length = sampler.block_length
     ours = algo.log_likelihood(ctx, model, batch, algo.corrupt(ctx, batch, 0)).value
     checked = 0
     for r in range(batch.size):
         prompt = batch.prompt_ids[r][batch.prompt_mask[r]]
         P = prompt.numel()
-        parent, child = batch.state.parent_ids[r], batch.completion_ids[r]
-        for t in batch.state.segment_targets[r].nonzero().flatten().tolist():
+        parent, child = batch.tree.parent_ids[r], batch.completion_ids[r]
+        for t in batch.tree.segment_targets[r].nonzero().flatten().tolist():
             if block is None:
                 x = torch.cat([prompt, parent])[None]
                 lp = model(x).logits[0, P + t].float().log_softmax(-1)
@@ -308,8 +308,8 @@ class _Frozen:
 def test_check_rollout_and_cut_steps():
     model, algo, _ = _setup("llada", levels=3)
     assert algo.cut_steps(model, _sampler("llada")) == [2, 5]  # k * 8 / 3
-    with pytest.raises(ValueError, match="record_trajectory"):
-        algo.check_rollout(_sampler("llada", record_trajectory=True), model.adapter)
+    with pytest.raises(ValueError, match="rcr"):
+        algo.check_rollout(_sampler("llada", rcr=True), model.adapter)
     with pytest.raises(ValueError, match="levels=9"):
         build_algorithm(DTreeRPOConfig(levels=9)).cut_steps(model, _sampler("llada"))
 
@@ -356,7 +356,7 @@ def loss_parity_dtreerpo(algo, x, monkeypatch):
 
     targets = segment_targets(steps(x["completion_ids"]), steps(x["parent_ids"]), x["completion_mask"])
     B = x["completion_ids"].shape[0]
-    batch = case_batch(x, state=TreeState(x["parent_ids"], steps(x["parent_ids"]), targets, x["tree_advantages"],
+    batch = case_batch(x, tree=TreeState(x["parent_ids"], steps(x["parent_ids"]), targets, x["tree_advantages"],
                                         torch.zeros(B, dtype=torch.long)))
     ctx = StepContext(step=int(x["global_step"]), seed=0, adapter=stub_adapter())
     batch.advantages = algo.advantages(ctx, batch)

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from dare.algorithms import LogLik
+from dare.algorithms.base import lend_modules
+from dare.algorithms import LogLik, build_algorithm
 from dare.algorithms.egspo import (EGSPOConfig, EGSPOSAConfig, greedy_denoise, replay_state, select_steps,
                                    step_entropies, stepwise_advantages)
-from dare.rollout.config import SamplerConfig
+from dare.rollout.config import Record, SamplerConfig
 from dare.trainer import stages
 from tests.algorithms.helpers import corrupt
 from tests.algorithms.toy_task import learns_toy_reward, one_thread  # noqa: F401  (autouse fixture)
@@ -19,13 +20,12 @@ from dare.algorithms import StepContext
 from tests.algorithms.parity_io import TableModel, completion_hidden, stub_adapter
 from tests.algorithms.test_loss_parity import case_batch, leaf, runner
 
-SAMPLER = dict(gen_length=8, block_length=8, steps=8, temperature=1.0, record_entropy=True, record_trajectory=True,
-               block_stop=False)
+SAMPLER = dict(gen_length=8, block_length=8, steps=8, temperature=1.0, block_stop=False)
 
 
 def _batch(model, n=3, rewards=None, **sampler):
     cfg = SamplerConfig(**{**SAMPLER, **sampler})
-    batch, r = rollout_batch(model, cfg, n=n, rewards=rewards)
+    batch, r = rollout_batch(model, cfg, n=n, rewards=rewards, record=Record(trajectory=True, entropy=True))
     batch.entropy_map = r.entropy_map
     return batch, r
 
@@ -134,7 +134,7 @@ def test_sa_rewards_the_one_step_greedy_denoise_of_each_trained_state():
     ctx.services.score_completions = score
     batch.state = algo.prepare(ctx, batch)
     batch.views = {0: algo.corrupt(ctx, batch, 0)}
-    batch.state = algo.score_frozen(ctx, batch, model, micro_batch_size=4)
+    batch.frozen = algo.score_frozen(ctx, batch, lend_modules(policy=model), micro_batch_size=4)
     (ids, rows), = calls
     P, mask_id = batch.prompt_ids.shape[1], model.adapter.mask_token_id
     for n, (b, k) in enumerate(zip(rows.tolist(), [0, 1] * batch.size)):
@@ -146,9 +146,9 @@ def test_sa_rewards_the_one_step_greedy_denoise_of_each_trained_state():
         logits[:, mask_id] = float("-inf")
         want = torch.where(state == mask_id, logits.argmax(-1), state)  # argmax everywhere, committed tokens kept
         assert torch.equal(ids[n], want)
-        assert abs(float(batch.state.step_rewards[b, k]) - float(score(None, want[None], torch.tensor([b]))[0])) < 1e-6
+        assert abs(float(batch.frozen.rewards[b, k]) - float(score(None, want[None], torch.tensor([b]))[0])) < 1e-6
     adv = algo.advantages(ctx, batch).values
-    assert torch.allclose(adv, stepwise_advantages(batch.rewards, batch.state.step_rewards, batch.group, 2, 0.5))
+    assert torch.allclose(adv, stepwise_advantages(batch.rewards, batch.frozen.rewards, batch.group, 2, 0.5))
 
 
 def test_greedy_denoise_keeps_committed_tokens_and_never_predicts_the_mask():
@@ -223,8 +223,10 @@ def test_errors_name_the_fix():
     model, algo, ctx = setup(EGSPOConfig(sample_train_steps=2, inner_iterations=1))
     batch, _ = _batch(model)
     batch.entropy_map = None
-    with pytest.raises(ValueError, match="record_entropy"):
+    with pytest.raises(ValueError, match="carries no entropy map"):
         algo.prepare(ctx, batch)
+    assert algo.record == Record(entropy=True)  # what its rollouts record, asked by the method itself
+    assert build_algorithm(EGSPOConfig(step_selection="random")).record == Record()
     _, sa, sa_ctx = setup(EGSPOSAConfig(), "sdar")
     with pytest.raises(ValueError, match="x0_hat"):  # the trainer's start-up check names why
         sa.check_model(sa_ctx.adapter)
@@ -250,8 +252,7 @@ def test_learns_the_toy_reward(tmp_path, name, family):
     +0.66..+0.77 (egspo) and +0.36..+0.68 (egspo_sa); beta 0.04 +0.25..+0.44 (egspo), -0.00..+0.32 (egspo_sa)."""
     learns_toy_reward(tmp_path, name, family, "algorithm.sample_train_steps=4", "algorithm.inner_iterations=2",
                       "algorithm.beta=0.0",
-                      sampler="{gen_length: 8, block_length: 8, steps: 8, temperature: 1.0, record_entropy: true, "
-                              "block_stop: false}")
+                      sampler="{gen_length: 8, block_length: 8, steps: 8, temperature: 1.0, block_stop: false}")
 
 
 def test_attention_kinds():
@@ -292,8 +293,8 @@ def loss_parity_egspo(algo, x, monkeypatch):
     assert torch.equal(batch.state.steps, x["eval_time_steps"])  # the reference's entropy-guided choice
     n_it = algo.inner_iterations
     batch.views = {j: algo.corrupt(ctx, batch, j) for j in range(n_it)}
-    state = algo.score_frozen(ctx, batch, None, B)
-    batch.state = state if state is not None else batch.state
+    if algo.frozen_models:
+        batch.frozen = algo.score_frozen(ctx, batch, lend_modules(policy=None), B)
     for j in range(n_it):
         for k, view in zip(algo.slots(j), batch.views[j]):  # the replayed state of every row's step
             steps = batch.state.steps[:, k]

@@ -14,7 +14,7 @@ import torch
 from dare.algorithms import LogLik, StepContext, build_algorithm
 from dare.algorithms.common.hints import (ChunkHints, chunk_hint_canvas, hint_ratios, placed_chunks, reference_chunks,
                                           revealed_chunks)
-from dare.algorithms.igpo import HintState, IGPOConfig, hint_entropy_filter
+from dare.algorithms.igpo import IGPOConfig, ScoredHints, hint_entropy_filter
 from dare.models import tiny, tiny_tokenizer
 from dare.rewards import REWARDS, register_reward
 from dare.trainer import stages
@@ -135,7 +135,7 @@ def test_an_all_wrong_group_gets_hinted_rollouts_and_non_zero_advantages(tmp_pat
         batch, metrics = tr.algo.collect(ctx, prompts, tr.model)
         assert metrics["igpo_all_wrong_groups"] == 2 and metrics["igpo_hinted_groups"] == 2
         assert metrics["igpo_replaced"] == 4 and metrics["nfe"] > 0
-        hint = batch.state.hint
+        hint = batch.hint_mask
         q = tr.tokenizer.convert_tokens_to_ids("Q")
         for g in range(2):
             rows = (batch.group == batch.group.unique()[g]).nonzero().flatten()
@@ -164,14 +164,16 @@ def test_score_hints_scores_the_hints_and_keeps_the_high_entropy_fifth(tmp_path)
     try:
         ctx = tr.step_context(0)
         batch, _ = tr.algo.collect(ctx, tr.source.batch(0), tr.model)
-        st = batch.state
-        n_hint = (st.hint & batch.completion_mask).sum(1)  # hints after the completion's stop are not candidates
-        assert bool((st.scored_hint <= st.hint).all())
-        assert st.scored_hint.sum(1).tolist() == [max(1, int(n * 0.5)) if n else 0 for n in n_hint.tolist()]
-        (view,) = tr.algo.corrupt(ctx, batch, 0)
+        assert tr.algo.frozen_models == ("policy",)
+        stages.prepare(tr.algo, ctx, batch, tr.model, tr.reference)  # the entropy filter: its score_frozen
+        hint, scored = batch.hint_mask, batch.frozen.hints
+        n_hint = (hint & batch.completion_mask).sum(1)  # hints after the completion's stop are not candidates
+        assert bool((scored <= hint).all())
+        assert scored.sum(1).tolist() == [max(1, int(n * 0.5)) if n else 0 for n in n_hint.tolist()]
+        (view,) = batch.views[0]
         assert int((view.input_ids == tr.model.adapter.mask_token_id).sum()) == batch.completion_ids.numel()
         mask = tr.algo.loss_mask(batch).bool()
-        assert torch.equal(mask, batch.completion_mask & (~st.hint | st.scored_hint))
+        assert torch.equal(mask, batch.completion_mask & (~hint | scored))
     finally:
         tr.close()
 
@@ -185,7 +187,7 @@ def _hinted_batch(seed=0, **cfg):
     g = torch.Generator().manual_seed(seed + 1)
     hint = (torch.rand(batch.completion_ids.shape, generator=g) < 0.4) & batch.completion_mask
     hint[1] = False
-    batch.state = HintState(hint, torch.zeros_like(hint))
+    batch.hint_mask = hint
     return algo, batch
 
 
@@ -195,7 +197,7 @@ def test_hint_tokens_are_never_scored_nor_in_the_loss():
     ctx = StepContext(step=0, seed=3, adapter=model.adapter)
     (view,) = algo.corrupt(ctx, batch, 0)
     P = batch.prompt_ids.shape[1]
-    hint = batch.state.hint
+    hint = batch.hint_mask
     assert not bool(view.targets[:, P:][hint].any())
     assert torch.equal(view.input_ids[:, P:][hint], batch.completion_ids[hint])  # context: the clean hint tokens
     assert bool((view.input_ids[:, P:][~hint] == model.adapter.mask_token_id).all())
@@ -222,7 +224,7 @@ def test_ratio_one_on_the_first_inner_step_gives_the_advantage_weighted_token_me
     ctx.norms = algo.normalizers(batch)
     logp = -torch.rand(batch.completion_ids.shape, generator=torch.Generator().manual_seed(2)) - 0.1
     loss, m = algo.loss(ctx, batch, LogLik(logp.requires_grad_(True)), 0)
-    n = (batch.completion_mask & ~batch.state.hint).float().sum(1)
+    n = (batch.completion_mask & ~batch.hint_mask).float().sum(1)
     A = batch.advantages.values
     torch.testing.assert_close(loss.detach(), -(n * A).sum() / n.sum())
     assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0.0
@@ -235,10 +237,10 @@ def test_sequence_ratio_averages_the_scored_log_ratio():
     ctx.norms = algo.normalizers(batch)
     logp = -torch.rand(batch.completion_ids.shape, generator=torch.Generator().manual_seed(3)) - 0.1
     old = logp + 0.05 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(4))
-    old[batch.state.hint] = 5.0  # hint slots are not part of the ratio
+    old[batch.hint_mask] = 5.0  # hint slots are not part of the ratio
     batch.old_logp = {0: old}
     _, m = algo.loss(ctx, batch, LogLik(logp), 0)
-    keep = (batch.completion_mask & ~batch.state.hint).float()
+    keep = (batch.completion_mask & ~batch.hint_mask).float()
     s = torch.exp(((logp - old) * keep).sum(1) / keep.sum(1))
     assert m["ratio_mean"] == pytest.approx(float((s[:, None] * keep).sum() / keep.sum()), rel=1e-6)
 
@@ -298,12 +300,13 @@ def test_igpo_with_scored_hints_learns_from_frequent_replacements(tmp_path):
 def loss_parity_igpo(algo, x, monkeypatch):
     """IGPO: the hint state (``score_hints``: dare's entropy filter on the reference's old-policy entropies; else no
     hint position in the loss), the scoring view's targets, and the loss on given per-token log-probs."""
-    from dare.algorithms.igpo import HintState, hint_entropy_filter
+    from dare.algorithms.igpo import ScoredHints, hint_entropy_filter
     hint = x["hint_mask"].bool()
     scored = torch.zeros_like(hint)
     if algo.config.score_hints:
         scored = hint_entropy_filter(hint & x["completion_mask"].bool(), x["entropy"], algo.config.hint_entropy_keep)
-    batch = case_batch(x, state=HintState(hint, scored))
+    batch = case_batch(x, hint_mask=hint)
+    batch.frozen = ScoredHints(scored)
     ctx, _ = prepared(algo, batch)
     logp = leaf(x, "logp")
     return algo.loss(ctx, batch, LogLik(logp), 0)[0], {"logp": logp}

@@ -7,7 +7,6 @@ own hooks (estimator and/or loss) and returns the loss and the leaves; both must
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import textwrap
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from dare.algorithms import Advantages, LogLik, RLBatch, StepContext, build_algorithm, get_algorithm
+from dare.algorithms.tracerl import OldValues
 from tests.algorithms.helpers import corrupt
 from tests.algorithms.parity_io import (
     CASE_DIR, TableModel, case_paths, completion_hidden, embed_logp, load_case, stub_adapter,
@@ -129,11 +129,11 @@ def replay(algo, x, monkeypatch):
 
 def _value_prepared(algo, x: dict):
     """TraceRL with its value model, in the loop's order: ``corrupt``, the value model's old values (given: what
-    ``score_companions`` computes), the token returns and advantages, the normalisers."""
+    ``score_frozen`` computes), the token returns and advantages, the normalisers."""
     batch = case_batch(x, step_map=x["step_map"])
     ctx = StepContext(step=0, seed=0, adapter=stub_adapter(int(x["block_size"])))
     batch.views = {0: corrupt(algo, ctx, batch, 0)}
-    batch.state = dataclasses.replace(batch.state, old_values=x["old_values"])  # what score_companions gives
+    batch.frozen = OldValues(x["old_values"])  # what score_frozen gives
     batch.advantages = algo.advantages(ctx, batch)
     ctx.norms = algo.normalizers(batch)
     return ctx, batch

@@ -6,7 +6,7 @@ import torch
 
 from dare.algorithms.advantages import group_zscore_unbiased
 from dare.algorithms.mdpo import MDPOConfig, step_advantages_raw, top_steps
-from dare.rollout.config import SamplerConfig
+from dare.rollout.config import Record, SamplerConfig
 from dare.trainer import stages
 from tests.algorithms.helpers import corrupt, plain_services, supported_families
 from tests.algorithms.trajectory_helpers import learning_curve, rollout_batch, run_recipe, setup
@@ -54,8 +54,7 @@ def _scorer(target_token):
 
 
 def _mdpo_batch(model, ctx, steps=4, gen=8, n=3, rcr=False):
-    sampler = SamplerConfig(gen_length=gen, block_length=gen, steps=steps, temperature=1.0, record_trajectory=True,
-                            rcr=rcr, block_stop=False)
+    sampler = SamplerConfig(gen_length=gen, block_length=gen, steps=steps, temperature=1.0, rcr=rcr, block_stop=False)
     batch, r = rollout_batch(model, sampler, n=n)
     t = r.trajectory
     batch.trajectory = t
@@ -152,9 +151,10 @@ def test_errors_name_the_fix():
     model, algo, ctx = setup(MDPOConfig())
     batch, _, _ = _mdpo_batch(model, ctx)
     batch.trajectory = None
-    with pytest.raises(ValueError, match="record_trajectory"):
+    with pytest.raises(ValueError, match="no recorded trajectory"):
         corrupt(algo, ctx, batch, 0)
-    sampler = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, record_trajectory=True)
+    assert algo.record == Record(trajectory=True)  # the method asks its rollouts for it
+    sampler = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0)
     batch, r = rollout_batch(model, sampler)
     t = r.trajectory
     batch.trajectory = t
@@ -173,8 +173,7 @@ def test_block_sampler_steps_leave_later_blocks_unpredicted_so_block_models_are_
     x0^(s) that MDPO rewards does not exist before the last block."""
     model, algo, ctx = setup(MDPOConfig(), "sdar")
     assert algo.supports == ("bidirectional",)
-    sampler = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, record_trajectory=True,
-                            block_stop=False)
+    sampler = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, block_stop=False)
     batch, r = rollout_batch(model, sampler)
     t, mask_id = r.trajectory, model.adapter.mask_token_id
     unpredicted = (t.x0 == mask_id) & (t.confidence == 0)  # [N, S, G]: masked and never looked at by the step
@@ -199,7 +198,7 @@ def test_trains_end_to_end(tmp_path, family):
 def test_learns_a_toy_reward(tmp_path):
     rewards = learning_curve(tmp_path, "mdpo", "llada", "algorithm.temperature=1.0", "algorithm.sample_train_steps=4",
                              "rollout.sampler={gen_length: 8, block_length: 8, steps: 8, temperature: 1.0, "
-                             "record_trajectory: true, block_stop: false}")
+                             "block_stop: false}")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.15, rewards
 
 
@@ -226,8 +225,7 @@ def _stop_cut_parity(ids, stops):
 
 def test_icfw_selects_the_prompts_whose_rollout_backslides():
     model, algo, ctx = setup(MDPOConfig(icfw=True, icfw_temperature=1.0))
-    sampler = SamplerConfig(gen_length=8, block_length=8, steps=4, temperature=0.1, record_trajectory=False,
-                            block_stop=False)
+    sampler = SamplerConfig(gen_length=8, block_length=8, steps=4, temperature=0.1, block_stop=False)
     calls = []
 
     def score_ids(ids, examples, stops):
@@ -244,10 +242,11 @@ def test_icfw_selects_the_prompts_whose_rollout_backslides():
     # brute force: the same rollout (greedy settings of icfw, the trainer's keyed seeds), every step scored
     from dare.diffusion.noise import STREAM_ROLLOUT, derive_seed
     from dare.rollout import generate
-    cfg = dataclasses.replace(sampler, temperature=1.0, record_trajectory=True)
+    cfg = dataclasses.replace(sampler, temperature=1.0)
     expected = []
     for j, (p, u) in enumerate(zip(prompts, uids)):
-        r = generate(model, [p.input_ids], cfg, seeds=[derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u)])
+        r = generate(model, [p.input_ids], cfg, seeds=[derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u)],
+                     record=Record(trajectory=True))
         stops = set(r.stop_token_ids)
         steps = [bool(_stop_cut_parity(r.trajectory.x0[0, s:s + 1], stops)[0]) for s in range(int(r.num_steps[0]))]
         if any(steps) and not bool(_stop_cut_parity(r.completion_ids, stops)[0]):

@@ -116,7 +116,7 @@ def test_a_batch_is_built_from_a_rollout_and_takes_rows_of_another():
                        attention_mask=torch.ones(N, P + G, dtype=torch.long), prompt_length=P, completion_ids=comp,
                        completion_mask=torch.ones(N, G, dtype=torch.long), step_map=torch.full((N, G), fill),
                        nfe=7, prompt_index=torch.zeros(N, dtype=torch.long), entropy_map=torch.full((N, G), float(fill)),
-                       stop_token_ids=(2,))
+                       stop_token_ids=(2,), hint_mask=torch.full((N, G), fill > 6))
     first, second = rollout(5), rollout(9)
     batch = RLBatch.from_rollout(first, uid=torch.tensor([10, 11]), group=torch.tensor([1, 1]),
                                  rewards=torch.zeros(2), examples=[{"a": 0}, {"a": 1}], completions=["x", "y"])
@@ -127,3 +127,39 @@ def test_a_batch_is_built_from_a_rollout_and_takes_rows_of_another():
     assert batch.entropy_map[1].tolist() == [9.0] * 4 and batch.rewards.tolist() == [0.0, 1.0]
     assert batch.examples == [{"a": 0}, {"a": 9}] and batch.completions == ["x", "z"]
     assert batch.uid.tolist() == [10, 11] and batch.group.tolist() == [1, 1]
+    assert batch.hint_mask.tolist() == [[False] * 4, [True] * 4]  # the hints come with the row
+    # every field both name is the rollout's (no hand-kept list): a new rollout record reaches the batch by its name
+    theirs = {f.name for f in dataclasses.fields(Rollout)} | {"prompt_ids", "prompt_mask"}
+    assert set(RLBatch.rollout_fields()) == theirs & {f.name for f in dataclasses.fields(RLBatch)}
+    assert {"hint_mask", "entropy_map", "trajectory", "step_map"} <= set(RLBatch.rollout_fields())
+    with pytest.raises(ValueError, match="completion positions"):
+        batch.take_row(0, dataclasses.replace(second, completion_ids=torch.zeros(2, 5, dtype=torch.long)), 0, 0.0)
+
+
+def _stage_writes(path: Path) -> list[str]:
+    """Assignments in a method's source to a batch field the loop's stages own (``batch.state = ...``,
+    ``RLBatch(..., state=...)``)."""
+    owned = {"state", "frozen", "views", "old_logp", "ref_logp", "ref_views", "advantages"}
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr in owned:
+                out.append(f"{path.name}:{node.lineno}: assigns .{t.attr}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "RLBatch":
+            out += [f"{path.name}:{node.lineno}: RLBatch({k.arg}=...)" for k in node.keywords if k.arg in owned]
+    return out
+
+
+def test_the_stage_fields_have_one_writer_the_loop():
+    """``batch.state`` is ``prepare``'s, ``batch.frozen`` is ``score_frozen``'s, the views and scores the stages':
+    every one is stored by ``dare.trainer.stages`` from what a hook returns, never set by a method itself (issue 39
+    item 4: IGPO's hints ride the rollout's ``hint_mask``, d-TreeRPO's trees its ``collect``'s ``tree`` field)."""
+    found = [w for p in _sources() if p.name != "batch.py" for w in _stage_writes(p)]
+    assert not found, "\n".join(found)
+
+
+def test_the_one_writer_check_sees_what_it_forbids(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def collect(batch):\n    batch.state = 1\n    return RLBatch(uid=0, frozen=2)\n")
+    assert len(_stage_writes(bad)) == 2

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from dare.algorithms.base import lend_modules
 from dare.algorithms.tracerl import TraceRLConfig
 from dare.algorithms.losses import clipped_value_loss
 from dare.algorithms.value import ValueModel, trace_returns_advantages
@@ -91,7 +92,7 @@ def test_zero_initialised_value_model_starts_as_plain_tracerl(family):
     """V = 0 at the start: A_j = r (the plain TraceRL advantage) and the value loss is the weighted 0.5 r^2."""
     model, vm, algo, ctx, batch = _prepared(family, beta=0.0)
     tgt = algo.targets(batch)
-    assert (batch.state.old_values == 0).all()
+    assert (batch.frozen.values == 0).all()
     z = algo.advantages(ctx, batch.select(torch.arange(batch.size))).values  # recomputed on a copy
     plain = TraceRLConfig(truncated_reward=None).advantage
     assert plain == "mean_std"
@@ -110,14 +111,14 @@ def test_old_values_are_read_in_each_tokens_own_replay_state():
     model, vm, algo, ctx, batch = _prepared("sdar")
     with torch.no_grad():
         vm.value_head.weight.normal_()
-        batch.state = algo.score_companions(ctx, batch, 100)
+        batch.frozen = algo.score_frozen(ctx, batch, lend_modules(value=vm), 100)
         P = batch.prompt_ids.shape[1]
         for r, view in enumerate(batch.views[0]):
             hidden = vm.lm(view.input_ids, layout=view.layout, request=LogitsRequest.hidden_states()).hidden_states
             own = batch.state.round == r
             expected = (hidden[:, P:P + own.shape[1]] @ vm.value_head.weight[0])
-            assert torch.allclose(batch.state.old_values[own], expected[own], atol=1e-5)
-        assert (batch.state.old_values != 0).any()
+            assert torch.allclose(batch.frozen.values[own], expected[own], atol=1e-5)
+        assert (batch.frozen.values != 0).any()
 
 
 @pytest.mark.parametrize("family", ["sdar", "dream"])
@@ -125,19 +126,19 @@ def test_per_view_value_backward_equals_the_full_graph_gradient(family):
     model, vm, algo, ctx, batch = _prepared(family)
     with torch.no_grad():
         vm.value_head.weight.normal_(std=0.1)
-        batch.state = algo.score_companions(ctx, batch, 100)
+        batch.frozen = algo.score_frozen(ctx, batch, lend_modules(value=vm), 100)
         batch.advantages = algo.advantages(ctx, batch)
     vm.zero_grad()
     algo.value_backward(ctx, batch, 1.0)
     per_view = [p.grad.clone() if p.grad is not None else None for p in vm.parameters()]
     vm.zero_grad()
     from dare.algorithms.value import view_values
-    values = torch.zeros_like(batch.state.old_values)
+    values = torch.zeros_like(batch.frozen.values)
     for r, view in enumerate(batch.views[0]):
         values = torch.where(batch.state.round == r, view_values(vm, view), values)
     w, _ = algo.token_weights(ctx, batch)
     tgt = algo.targets(batch)
-    loss, _ = clipped_value_loss(torch.where(tgt, values, batch.state.old_values), batch.state.old_values, batch.advantages.returns, 0.2)
+    loss, _ = clipped_value_loss(torch.where(tgt, values, batch.frozen.values), batch.frozen.values, batch.advantages.returns, 0.2)
     (loss * w * tgt).sum().backward()
     for a, p in zip(per_view, vm.parameters()):
         if a is None:

@@ -58,12 +58,15 @@ def replay_batch(family_block: bool, seed=0, n_prompts=2, group=3, gen_len=10, b
     return batch
 
 
-def rollout_batch(model, sampler, prompts=("abc", "hello there"), n=2, seed=0, rewards=None):
-    """(Batch, Rollout) from a real rollout of ``model`` (the fields the trainer builds for RL)."""
+def rollout_batch(model, sampler, prompts=("abc", "hello there"), n=2, seed=0, rewards=None, record=None):
+    """(Batch, Rollout) from a real rollout of ``model`` (the fields the trainer builds for RL), recording ``record``
+    (default: the trajectory, which the tests compare against)."""
     from dare.algorithms import RLBatch
+    from dare.rollout import Record
     from dare.rollout.api import generate
     tok = tiny_tokenizer()
-    r = generate(model, [tok.encode(p) for p in prompts], sampler, generator=torch.Generator().manual_seed(seed), n=n)
+    r = generate(model, [tok.encode(p) for p in prompts], sampler, generator=torch.Generator().manual_seed(seed), n=n,
+                 record=record or Record(trajectory=True))
     B = r.completion_ids.shape[0]
     if rewards is None:
         rewards = torch.arange(B).float() % 3

@@ -178,3 +178,98 @@ def test_sft_matches_the_reference_training_loss(model, monkeypatch):
     with torch.no_grad():
         loss = algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch.views[0]), 0)[0]
     assert abs(loss.item() - r["loss"].item()) < 1e-4, (loss.item(), r["loss"].item())
+
+
+
+def _reference_masks(monkeypatch, r, algo, model, batch_fields):
+    """Run the prepare stage with the reference's recorded draws (one t per row, then one draw per token)."""
+    import dare.algorithms.sft as sft
+    from dare.algorithms import StepContext
+    from dare.trainer import stages
+    from dare.trainer.data import SFTDoc, sft_rows_batch
+    ids, keep = r["input_ids"], r["loss_mask"].bool()
+    rows = [[SFTDoc(i, ids[i][~keep[i]].tolist(), ids[i][keep[i]].tolist())] for i in range(ids.shape[0])]
+    batch = sft_rows_batch(rows, [0, 1], 1, False)
+    times, tokens = iter(r["t_draws"].tolist()), iter(r["token_draws"])
+    real_rand = torch.rand
+    monkeypatch.setattr(sft, "sample_time", lambda g, lo, hi, eps: (1 - eps) * next(times) + eps)
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None: next(tokens) if n == ids.shape[1] else real_rand(n))
+    ctx = StepContext(step=0, seed=0, adapter=model.adapter)
+    stages.prepare(algo, ctx, batch, model)
+    monkeypatch.undo()
+    t = (1 - r["eps"]) * r["t_draws"][:, None] + r["eps"]
+    return ctx, batch, (r["token_draws"] < t) & keep
+
+
+def test_block_diff_sft_matches_the_reference_training_loss(model, monkeypatch):
+    """The ``block_diff`` paradigm (``[x_t ; x_0]``, noisy blocks of 8 seeing themselves and the earlier clean blocks,
+    the clean half token-causal, plus the clean half's next-token cross-entropy) is SFT with ``block_diff: 8``: with
+    the reference's draws (expected_loss_block_diff.pt) both sums equal the reference's -- the masked tokens' CE / t,
+    and the next-token CE over every pair of each row (15 of 16 tokens, prompt included)."""
+    from dare.algorithms import build_algorithm
+    from dare.algorithms.sft import SFTConfig
+    r = torch.load(FOLDER / "expected_loss_block_diff.pt")
+    algo = build_algorithm(SFTConfig(normalize="masked_tokens", block_diff=r["block_size"],
+                                     ar_loss_weight=r["ar_loss_weight"]))
+    ctx, batch, masked = _reference_masks(monkeypatch, r, algo, model, None)
+    (view,) = batch.views[0]
+    L = r["input_ids"].shape[1]
+    assert view.input_ids.shape[1] == 2 * L and torch.equal(view.targets[:, :L], masked)
+    assert torch.equal(view.layout.seg[:, L:], torch.full((2, L), 2)) and view.layout.block_size == 8
+    ctx.norms = algo.normalizers(batch)
+    assert ctx.norms["masked_tokens"] == r["masked_tokens"] and ctx.norms["ar_tokens"] == 2 * (L - 1)
+    with torch.no_grad():
+        loss, metrics = algo.loss(ctx, batch, algo.log_likelihood(ctx, model, batch, batch.views[0]), 0)
+    diffusion = metrics["diffusion_loss"] * r["masked_tokens"]
+    ar = metrics["ar_loss"] * ctx.norms["ar_tokens"]
+    assert abs(diffusion - r["diffusion_sum"].item()) < 1e-3, (diffusion, r["diffusion_sum"].item())
+    assert abs(ar - r["ar_sum"].item()) < 1e-3, (ar, r["ar_sum"].item())
+    assert abs(diffusion + ar - r["loss_sum"].item()) < 2e-3
+    assert loss.item() == pytest.approx(metrics["diffusion_loss"] + metrics["ar_loss"], rel=1e-6)
+
+
+def test_block_diff_sft_trains_both_terms(model, monkeypatch):
+    """One backward of the ``block_diff`` loss: finite, and both terms reach the weights (dropping the AR term changes
+    the gradient)."""
+    from dare.algorithms import build_algorithm
+    from dare.algorithms.sft import SFTConfig
+    r = torch.load(FOLDER / "expected_loss_block_diff.pt")
+    grads = []
+    for weight in (1.0, 0.0):
+        algo = build_algorithm(SFTConfig(normalize="masked_tokens", block_diff=8, ar_loss_weight=weight))
+        ctx, batch, _ = _reference_masks(monkeypatch, r, algo, model, None)
+        ctx.norms = algo.normalizers(batch)
+        model.zero_grad()
+        out = algo.backward(ctx, model, batch, 0)
+        assert all(torch.isfinite(torch.tensor(v)) for v in out.values()) and out["ar_loss"] > 0
+        grads.append(model.lm_head.weight.grad.clone())
+    model.zero_grad()
+    assert grads[0].abs().sum() > 0 and not torch.allclose(grads[0], grads[1])
+
+
+def test_block_diff_attention_is_the_reference_rule():
+    """The layout's mask equals the reference's ``block_diff_mask`` predicate for every (query, key) of a 2 x 12
+    input with blocks of 4 (written here from the reference's three cases)."""
+    from dare.models import masks
+    L, bs = 12, 4
+    layout = masks.block_diffusion_layout(torch.arange(L)[None], clean_causal=True, block_size=bs)
+    got = masks.dense_mask(layout, layout, layout.block_size)[0, 0]
+    q, k = torch.arange(2 * L)[:, None], torch.arange(2 * L)[None, :]
+    xq, xk = q >= L, k >= L
+    bq, bk = torch.where(xq, q - L, q) // bs, torch.where(xk, k - L, k) // bs
+    want = ((bq == bk) & ~xk & ~xq) | ((bq > bk) & xk & ~xq) | ((q >= k) & xk & xq)
+    assert torch.equal(got, want)
+
+
+def test_block_diff_is_refused_where_it_has_no_form():
+    from dare.algorithms import StepContext, build_algorithm
+    from dare.algorithms.sft import SFTConfig
+    from dare.models import tiny
+    from dare.trainer.data import SFTDoc, sft_rows_batch
+    with pytest.raises(ValueError, match="block_diff >= 1"):
+        SFTConfig(block_diff=0)
+    algo = build_algorithm(SFTConfig(block_diff=4))
+    batch = sft_rows_batch([[SFTDoc(0, [5, 6], [7, 8])]], [0], 1, False)
+    for family in ("sdar", "dream"):
+        with pytest.raises(ValueError, match="block_diff"):
+            algo.corrupt(StepContext(step=0, seed=0, adapter=tiny(family).adapter), batch, 0)

@@ -99,7 +99,7 @@ def test_a_methods_other_decodes_are_planned_through_the_service(recipe, knob, o
     share of the decode's FLOPs, saying so. Planned rewards alternate 0 / 1 within a group: pass@4 retries half the
     rows, then a quarter, then an eighth."""
     over = ["train.batch_size=4", "algorithm.inner_iterations=1"] + (
-        ["rollout.sampler.record_trajectory=true"] if "mdpo" in recipe else ["algorithm.correct_reward=1.0"])
+        [] if "mdpo" in recipe else ["algorithm.correct_reward=1.0"])
     base = plan_recipe(_load(recipe, over + [f"algorithm.{knob}={off}"]), PlanOptions(gpus=2))
     more = plan_recipe(_load(recipe, over + [f"algorithm.{knob}={on}"]), PlanOptions(gpus=2))
     assert base.error is None and more.error is None, (base.error, more.error)

@@ -12,7 +12,7 @@ import torch
 
 from dare.diffusion.noise import derive_seed
 from dare.models import load_model, tiny, tiny_tokenizer
-from dare.rollout import SamplerConfig, generate
+from dare.rollout import Record, SamplerConfig, generate
 from dare.rollout.canvas import CanvasStop
 from tests.conftest import FIXTURES
 
@@ -82,7 +82,7 @@ def test_matches_transformers_generate(index):
     if not _reference_reproduces(index):
         pytest.skip("transformers' own generate does not reproduce this recorded case on this CPU (float rounding "
                     "of a peaky sampling model)")
-    r = generate(_model(), [case["prompt"]], _config(case, record_trajectory=True), seeds=[case["seed"]])
+    r = generate(_model(), [case["prompt"]], _config(case), seeds=[case["seed"]], record=Record(trajectory=True))
     _check(case, r, 0)
     assert r.trajectory.states[0, 0, :DATA["canvas_length"]].tolist() == case["initial_canvas"]
 
@@ -109,7 +109,7 @@ def test_batched_with_left_padding_equals_each_alone():
 
 def test_step_map_and_trajectory_are_recorded():
     case = CASES[0]
-    r = generate(_model(), [case["prompt"]] * 2, _config(case, record_trajectory=True), seeds=[case["seed"], 7])
+    r = generate(_model(), [case["prompt"]] * 2, _config(case), seeds=[case["seed"], 7], record=Record(trajectory=True))
     n = int(r.num_steps[0])
     assert r.trajectory.valid[0].sum() == n and r.trajectory.states.shape[1] == int(r.num_steps.max())
     assert ((r.step_map >= 0) & (r.step_map < r.num_steps[:, None])).all()

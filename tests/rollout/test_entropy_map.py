@@ -1,14 +1,13 @@
-"""``record_entropy``: the rollout's per-token record of the predictive entropy each token was committed from (EGSPO's
+"""``Record(entropy=True)``: the rollout's per-token record of the predictive entropy each token was committed from (EGSPO's
 step selection reads it). Golden check: a direct forward on the recorded state before the token's step gives the same
 entropy; recording changes nothing else."""
-import dataclasses
 from functools import lru_cache
 
 import pytest
 import torch
 
 from dare.models import tiny
-from dare.rollout import SamplerConfig, generate
+from dare.rollout import Record, SamplerConfig, generate
 
 PROMPTS = [[11, 12, 13, 14], [21, 22, 23, 24]]  # one length: the block sampler's buffer columns are the sequence's
 CONFIGS = {
@@ -35,8 +34,8 @@ def _entropy(logits):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_entropy_map_is_the_entropy_of_a_direct_forward_on_the_state_before_the_step(name):
-    model, cfg = _model(FAMILY[name]), dataclasses.replace(CONFIGS[name], record_entropy=True, record_trajectory=True)
-    r = generate(model, PROMPTS, cfg, n=2, seeds=[5, 6])
+    model, cfg = _model(FAMILY[name]), CONFIGS[name]
+    r = generate(model, PROMPTS, cfg, n=2, seeds=[5, 6], record=Record(trajectory=True, entropy=True))
     t, P = r.trajectory, r.prompt_length
     assert r.entropy_map.shape == r.completion_ids.shape and r.entropy_map.dtype == torch.float32
     checked = 0
@@ -59,16 +58,17 @@ def test_entropy_map_is_the_entropy_of_a_direct_forward_on_the_state_before_the_
 def test_recording_entropies_changes_no_token(name):
     model, cfg = _model(FAMILY[name]), CONFIGS[name]
     plain = generate(model, PROMPTS, cfg, n=2, seeds=[5, 6])
-    recorded = generate(model, PROMPTS, dataclasses.replace(cfg, record_entropy=True), n=2, seeds=[5, 6])
+    recorded = generate(model, PROMPTS, cfg, n=2, seeds=[5, 6], record=Record(entropy=True))
     assert plain.entropy_map is None
     assert torch.equal(plain.completion_ids, recorded.completion_ids) and torch.equal(plain.step_map, recorded.step_map)
 
 
-def test_record_entropy_rejects_samplers_that_rewrite_committed_tokens():
-    with pytest.raises(ValueError, match="record_entropy"):
-        SamplerConfig(gen_length=8, block_length=8, steps=8, rcr=True, record_entropy=True)
-    with pytest.raises(ValueError, match="record_entropy"):
-        SamplerConfig(gen_length=8, block_length=8, threshold=0.5, editing_threshold=0.9, record_entropy=True)
-    with pytest.raises(ValueError, match="record_entropy"):  # pausing does not carry the map over
-        generate(_model("llada"), PROMPTS, SamplerConfig(gen_length=8, block_length=8, steps=8, record_entropy=True),
-                 until_step=2)
+def test_recording_entropies_rejects_samplers_that_rewrite_committed_tokens():
+    model = _model("llada")
+    with pytest.raises(ValueError, match="recording entropies"):
+        generate(model, PROMPTS, SamplerConfig(gen_length=8, block_length=8, steps=8, rcr=True), record=Record(entropy=True))
+    with pytest.raises(ValueError, match="recording entropies"):
+        Record(entropy=True).check(SamplerConfig(gen_length=8, block_length=8, threshold=0.5, editing_threshold=0.9))
+    with pytest.raises(ValueError, match="recording entropies"):  # pausing does not carry the map over
+        generate(model, PROMPTS, SamplerConfig(gen_length=8, block_length=8, steps=8), until_step=2,
+                 record=Record(entropy=True))

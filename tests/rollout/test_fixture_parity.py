@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dare.models import load_model
-from dare.rollout import generate
+from dare.rollout import Record, generate
 from tests.conftest import FIXTURES
 from tests.rollout.fixture_cases import FOLDERS, load_cases
 
@@ -80,8 +80,7 @@ def test_sdar_topk_overflow_is_not_reproduced(case):
     """Where the SDAR reference's top-k overflows and rewrites prompt or committed tokens, we commit only
     masks: the prompt stays intact and no written token is ever changed."""
     assert case.raw["prompt_tokens_overwritten"] or case.raw["diagnostics"]["committed_tokens_overwritten_at"]
-    cfg = dataclasses.replace(case.config, record_trajectory=True)
-    r = generate(_model(case.folder, case.dtype), [case.prompt], cfg)
+    r = generate(_model(case.folder, case.dtype), [case.prompt], case.config, record=Record(trajectory=True))
     assert r.prompt_ids[0].tolist() == case.prompt
     t = r.trajectory
     states = torch.cat([t.states[0, :int(r.num_steps[0])], r.completion_ids[:1]])

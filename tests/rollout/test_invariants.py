@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from dare.models import load_model, tiny
-from dare.rollout import SamplerConfig, generate
+from dare.rollout import Record, SamplerConfig, generate
 from dare.rollout.masked import MaskedForward, build_masked_state
 from dare.rollout.schedule import ass_split, eoser_gamma, even_split
 from dare.rollout.state import make_prompt_batch, make_stop_ids
 from tests.conftest import FIXTURES
+
+TRAJECTORY = Record(trajectory=True)
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23], [31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]]
 
@@ -90,8 +92,8 @@ def test_generator_gives_reproducible_base_seed():
 
 @pytest.mark.parametrize("name", ["llada", "dream", "sdar", "llada2-nocache"])
 def test_step_map_covers_every_committed_token_once_in_range(name):
-    model, cfg = _tiny(FAMILY[name]), dataclasses.replace(SAMPLING[name], record_trajectory=True)
-    r = generate(model, PROMPTS, cfg, seeds=[1, 2, 3])
+    model, cfg = _tiny(FAMILY[name]), SAMPLING[name]
+    r = generate(model, PROMPTS, cfg, seeds=[1, 2, 3], record=TRAJECTORY)
     assert ((r.step_map >= 0) & (r.step_map < r.num_steps[:, None])).all()
     t = r.trajectory
     for i in range(len(PROMPTS)):
@@ -153,8 +155,8 @@ def test_completion_mask_and_text_stop_at_the_first_stop_token():
 def test_rcr_unmasked_count_equals_the_cumulative_schedule_after_every_step():
     model = _tiny("llada")
     G, steps = 16, 6
-    cfg = SamplerConfig(gen_length=G, block_length=G, steps=steps, temperature=1.0, rcr=True, record_trajectory=True)
-    r = generate(model, PROMPTS, cfg, seeds=[4, 5, 6])
+    cfg = SamplerConfig(gen_length=G, block_length=G, steps=steps, temperature=1.0, rcr=True)
+    r = generate(model, PROMPTS, cfg, seeds=[4, 5, 6], record=TRAJECTORY)
     cum = even_split(torch.tensor([G]), steps)[0].cumsum(0)
     mask = model.adapter.mask_token_id
     t = r.trajectory
@@ -178,12 +180,12 @@ def test_eoser_scale_starts_at_gamma_min():
 
 def test_eoser_scales_the_recorded_step0_confidence_of_stop_predictions():
     model = _fixture("llada-tiny")
-    base = SamplerConfig(gen_length=16, block_length=16, steps=16, record_trajectory=True, block_stop=False)
-    plain = generate(model, [PROMPTS[0]], base).trajectory
+    base = SamplerConfig(gen_length=16, block_length=16, steps=16, block_stop=False)
+    plain = generate(model, [PROMPTS[0]], base, record=TRAJECTORY).trajectory
     stop = int(plain.x0[0, 0, 3])  # a token predicted at step 0: call it the stop token
     hit = plain.x0[0, 0] == stop
     eos = generate(model, [PROMPTS[0]], dataclasses.replace(base, eoser=True, eoser_gamma_min=0.25,
-                                                              stop_token_ids=[stop])).trajectory
+                                                              stop_token_ids=[stop]), record=TRAJECTORY).trajectory
     assert torch.allclose(eos.confidence[0, 0][hit], 0.25 * plain.confidence[0, 0][hit])
     assert torch.equal(eos.confidence[0, 0][~hit], plain.confidence[0, 0][~hit])
 
@@ -201,11 +203,12 @@ def test_ass_schedule():
 
 def test_suppress_eos_confidence_commits_stop_predictions_last():
     model = _fixture("llada-tiny")
-    base = SamplerConfig(gen_length=16, block_length=16, steps=16, record_trajectory=True, block_stop=False)
-    plain = generate(model, [PROMPTS[0]], base)
+    base = SamplerConfig(gen_length=16, block_length=16, steps=16, block_stop=False)
+    plain = generate(model, [PROMPTS[0]], base, record=TRAJECTORY)
     first = int((plain.step_map[0] == 0).nonzero()[0])  # the token committed first (one per step)
     stop = int(plain.completion_ids[0, first])
-    r = generate(model, [PROMPTS[0]], dataclasses.replace(base, suppress_eos_confidence=True, stop_token_ids=[stop]))
+    r = generate(model, [PROMPTS[0]], dataclasses.replace(base, suppress_eos_confidence=True, stop_token_ids=[stop]),
+                 record=TRAJECTORY)
     assert r.step_map[0, first] != plain.step_map[0, first]
     t = r.trajectory
     for s in range(16):

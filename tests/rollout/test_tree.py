@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dare.models import tiny, tiny_tokenizer
-from dare.rollout import SamplerConfig, generate, generate_tree, resume, steps_per_block
+from dare.rollout import Record, SamplerConfig, generate, generate_tree, resume, steps_per_block
 
 from tests.threads import TEST_THREADS
 
@@ -82,8 +82,9 @@ def test_pause_and_resume_errors_name_the_problem():
     part = generate(model, _prompts(), cfg, until_step=4)
     with pytest.raises(ValueError, match="not after"):
         resume(model, part, cfg, until_step=2)
-    with pytest.raises(ValueError, match="record_trajectory"):
-        generate(model, _prompts(), SamplerConfig(gen_length=8, block_length=8, steps=8, record_trajectory=True), until_step=2)
+    with pytest.raises(ValueError, match="recording a trajectory"):
+        generate(model, _prompts(), SamplerConfig(gen_length=8, block_length=8, steps=8), until_step=2,
+                 record=Record(trajectory=True))
     with pytest.raises(ValueError, match="cut steps"):
         generate_tree(model, _prompts(), cfg, [2, 2], [2, 4])
 

@@ -7,17 +7,18 @@ import pytest
 import torch
 
 from dare.models import tiny
-from dare.rollout import Rollout, SamplerConfig, generate
+from dare.rollout import Record, Rollout, SamplerConfig, generate
 from dare.trainer.rl import _merge
 
-CONFIG = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, threshold=0.3, record_entropy=True)
+CONFIG = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, threshold=0.3)
+RECORD = Record(entropy=True)
 
 
 @pytest.fixture(scope="module")
 def chunks():
     model = tiny("llada", seed=3)
-    first = generate(model, [[11, 12, 13, 14, 15], [21, 22]], CONFIG, n=2, seeds=[1, 2])
-    second = generate(model, [[31, 32, 33]], CONFIG, n=2, seeds=[3])
+    first = generate(model, [[11, 12, 13, 14, 15], [21, 22]], CONFIG, n=2, seeds=[1, 2], record=RECORD)
+    second = generate(model, [[31, 32, 33]], CONFIG, n=2, seeds=[3], record=RECORD)
     return first, second
 
 

@@ -22,14 +22,14 @@ positions, K likelihood slots (usually Lc; 1 for a sequence-level estimate).
 * ``log_likelihood(ctx, model, batch, views) -> LogLik`` -- the likelihood estimator: combines per-target
   log-probs of every view (``View.weight`` carries 1/t, complementary-mask weights, ...) into ``value [B, K]``.
   ``mc_samples`` says how many forward rows it uses per sample.
-* ``score_companions(ctx, batch, micro_batch_size) -> state | None`` -- stage (3) for models trained beside the
-  policy (``companions()``; TraceRL's value model): their scores before any update, returned as the new state.
-* ``frozen_model`` / ``score_frozen(ctx, batch, model, micro_batch_size) -> state | None`` -- stage (3), after the
-  views: a method's own no-grad pass over the batch with the module ``frozen_model`` names ("policy": the current
-  weights before this step's updates; "reference": the reference policy, i.e. the LoRA-disabled base or a frozen copy
-  of the initial model), for what it needs besides the views' log-likelihoods (EGSPO-SA: the greedy one-step denoise
-  of every trained state; d-OPSD: its self-future teacher), returned as the new state and cached for every inner
-  iteration. Default: None (no pass).
+* ``frozen_models`` / ``score_frozen(ctx, batch, lend, micro_batch_size) -> scores | None`` -- stage (3), after the
+  views: a method's own no-grad passes over the batch with the modules ``frozen_models`` names, each lent by the
+  trainer as ``with lend(name) as module`` ("policy": the current weights before this step's updates; "reference":
+  the reference policy, i.e. the LoRA-disabled base or a frozen copy of the initial model; a companion's name: that
+  model before its update), for what it needs besides the views' log-likelihoods (EGSPO-SA: the greedy one-step
+  denoise of every trained state; d-OPSD: its self-future teacher; TraceRL: the value model's old values; IGPO: the
+  entropies of its hint positions). Stored as ``batch.frozen`` and kept for every inner iteration. Default: no pass.
+  ``batch.state`` has one writer, ``prepare``; ``batch.frozen`` one, ``score_frozen``.
 * ``advantages(ctx, batch) -> Advantages | None`` -- the advantage estimator (RL only): values and the active mask.
 * ``loss(ctx, batch, current, iteration) -> (loss, metrics)`` -- the objective of one micro-batch, a thin adapter
   over ``dare.algorithms.losses``. Losses and metrics are *additive*: each micro-batch returns its share of the
@@ -51,8 +51,9 @@ dataclass from ``algorithm.name`` (so method-specific keys are validated).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, ContextManager, Optional
 
 import torch
 
@@ -60,6 +61,7 @@ from ..diffusion.corruption import apply_mask
 from ..diffusion.logprob import DEFAULT_CHUNK
 from ..diffusion.noise import STREAM_CORRUPT, keyed_generator
 from ..diffusion.uniform import uniform_replace
+from ..rollout.config import Record
 from .batch import Advantages, LogLik, RLBatch, View
 from .common.scoring import score_views
 from .registry import ALGORITHMS, get_algorithm
@@ -98,13 +100,16 @@ class Services:
     The RL trainer fills every field (``dare.trainer.rl.RolloutStage.services``); None where a run has no such thing
     (SFT and DPO have no sampler and no reward).
 
-    Decoding (RL): ``collect(ctx, prompts, model, sampler=None) -> (RLBatch, metrics)`` the default stages (1)-(2),
-    ``group_size`` completions per prompt scored by the recipe's reward; ``decode(prompts, seeds, model, sampler,
-    hints=None) -> Rollout`` stage (1) alone (the ranks of a sequence-parallel group share the prompts; ``hints``
-    inpainting tokens); ``decode_tree(prompt_tokens, seeds, model, sampler, branching, cut_steps)`` a tree rollout
-    (d-TreeRPO); ``generate(model, prompt_tokens, sampler, n, seeds, attention_mask=None)`` one decode on this rank
-    alone, inside ``gathered(model)`` (the weights gathered once, however many decodes follow: every rank must enter
-    it); ``prompt_seeds(ctx, prompts)`` the keyed rollout seed of every prompt.
+    Decoding (RL), each one typed request -- prompts, the sampler's decoding settings (``dare.rollout.SamplerConfig``)
+    and what to record besides the completions (``record``: a ``dare.rollout.Record``, the trajectory and the commit
+    entropies; ``hints``; pause points are ``cut_steps``): ``collect(ctx, prompts, model, sampler=None, record=None)
+    -> (RLBatch, metrics)`` the default stages (1)-(2), ``group_size`` completions per prompt scored by the recipe's
+    reward; ``decode(prompts, seeds, model, sampler, hints=None, record=None) -> Rollout`` stage (1) alone (the ranks
+    of a sequence-parallel group share the prompts; ``hints`` inpainting tokens); ``decode_tree(prompt_tokens, seeds,
+    model, sampler, branching, cut_steps)`` a tree rollout (d-TreeRPO); ``generate(model, prompt_tokens, sampler, n,
+    seeds, attention_mask=None, record=None)`` one decode on this rank alone, inside ``gathered(model)`` (the weights
+    gathered once, however many decodes follow: every rank must enter it); ``prompt_seeds(ctx, prompts)`` the keyed
+    rollout seed of every prompt.
 
     Rewards: ``score_texts(texts, examples) -> [N]``; ``score_ids(ids [N, G], examples, stop_token_ids) -> [N]`` (cut
     at the first stop token); ``score_completions(batch, ids [N, Lc], sample_index [N]) -> [N]`` other completions of
@@ -180,6 +185,21 @@ class Companion:
     lr: float
 
 
+# ``lend(name)``: a context manager that lends the module ``name`` (see ``Algorithm.frozen_models``) under no_grad.
+Lend = Callable[[str], ContextManager[torch.nn.Module]]
+
+
+def lend_modules(**modules: torch.nn.Module) -> Lend:
+    """A ``Lend`` over fixed modules (tests, drivers without a trainer): ``lend_modules(policy=model)("policy")``."""
+    @contextlib.contextmanager
+    def lend(name: str):
+        if name not in modules:
+            raise KeyError(f"no module {name!r} to lend (lent: {', '.join(sorted(modules))})")
+        with torch.no_grad():
+            yield modules[name]
+    return lend
+
+
 @dataclass
 class AlgorithmConfig:
     """Base of every algorithm section; ``name`` selects the dataclass (see ``resolve_config_type``)."""
@@ -250,11 +270,17 @@ class Algorithm:
         """A clear error when the recipe's ``rollout.sampler`` cannot produce what the method trains on (the loop calls
         it at start-up, after ``check_model``; RL methods only). Default: any sampler."""
 
+    @property
+    def record(self) -> Record:
+        """What the method's rollouts record besides their completions (``dare.rollout.Record``: MDPO's trajectory,
+        EGSPO's commit entropies): a request of the method, not a setting of the recipe's sampler. Default: nothing."""
+        return Record()
+
     def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         """Stages (1) rollout and (2) reward: the RL batch and its metrics. Default: ``group_size`` independent
-        completions per prompt (``ctx.services.collect``); a method with another rollout shape (d-TreeRPO's trees)
-        builds its batch here from the services' decoding, seeds and reward scoring."""
-        return ctx.services.collect(ctx, prompts, model)
+        completions per prompt recording ``self.record`` (``ctx.services.collect``); a method with another rollout
+        shape (d-TreeRPO's trees) builds its batch here from the services' decoding, seeds and reward scoring."""
+        return ctx.services.collect(ctx, prompts, model, record=self.record)
 
     # --- what the loop must prepare -------------------------------------------------------------------
     @property
@@ -289,11 +315,11 @@ class Algorithm:
 
     # --- hooks ----------------------------------------------------------------------------------------
     def prepare(self, ctx: StepContext, batch):
-        """Per-batch state derived once before any corruption (stage 3), stored as ``batch.state``.
+        """Per-batch state derived once before any corruption (stage 3), stored as ``batch.state`` (its one writer:
+        what a ``collect`` records of its rollout rides the batch's rollout fields, e.g. ``hint_mask`` or ``tree``).
 
         Args: ``batch`` the whole step's batch on this rank (``RLBatch`` for RL). Returns a dataclass whose tensors are
-        per sample (first dimension B, sliced with the micro-batches; other fields are kept), or None (the batch's
-        state, e.g. a ``collect``'s, is kept)."""
+        per sample (first dimension B, sliced with the micro-batches; other fields are kept), or None."""
         return None
 
     def corrupt(self, ctx: StepContext, batch, iteration: int) -> list[View]:
@@ -332,23 +358,20 @@ class Algorithm:
         """Models trained alongside the policy (see ``Companion``); none by default."""
         return []
 
-    def score_companions(self, ctx: StepContext, batch, micro_batch_size: int):
-        """Stage (3) for the companions: their scores of the batch's views before any update, returned as the new
-        ``batch.state`` (None: nothing to score, the state is kept)."""
-        return None
-
     @property
-    def frozen_model(self) -> Optional[str]:
-        """The module ``score_frozen`` reads in stage (3): "policy" (the current weights, before this step's
-        updates), "reference" (the reference policy, built for it as for a KL penalty: the LoRA-disabled base or a
-        frozen copy of the initial model) or None (no such pass)."""
-        return None
+    def frozen_models(self) -> tuple[str, ...]:
+        """The modules ``score_frozen`` borrows in stage (3), by name: "policy" (the current weights, before this
+        step's updates), "reference" (the reference policy, built for it as for a KL penalty: the LoRA-disabled base
+        or a frozen copy of the initial model) or a companion's name (``companions()``). Empty: no such pass."""
+        return ()
 
-    def score_frozen(self, ctx: StepContext, batch, model, micro_batch_size: int):
-        """Stage (3), after the views are drawn and before the old / reference log-probs: the method's own scoring
-        of the batch with ``model`` (the module ``self.frozen_model`` names, lent under ``no_grad``), returned as the
-        new ``batch.state`` (None: the state is kept). It runs once per batch, so what it returns serves every inner
-        iteration. Under FSDP every rank must run the same number of forwards."""
+    def score_frozen(self, ctx: StepContext, batch, lend: "Lend", micro_batch_size: int):
+        """Stage (3), after the views are drawn and before the old / reference log-probs: the method's own no-grad
+        scoring of the batch with the modules ``frozen_models`` names, each borrowed as ``with lend(name) as
+        module`` (one at a time: a LoRA-disabled reference is the policy's own weights with the adapters off).
+        Returns what the method reads later as ``batch.frozen`` (a dataclass of per-sample tensors, sliced with the
+        micro-batches), or None. It runs once per batch, so what it returns serves every inner iteration. Under FSDP
+        every rank must run the same number of forwards."""
         return None
 
     @property

@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..rollout.result import Rollout
+
 
 def _select(value: Any, idx: torch.Tensor, size: int, key: str):
     if isinstance(value, torch.Tensor):
@@ -150,10 +152,11 @@ class Advantages(Rows):
 class RLBatch(Rows):
     """One step's RL samples (B = prompts x completions on this rank; groups stay within a rank).
 
-    Filled by (1) the rollout: ``uid`` ... ``nfe``; (2) the reward: ``rewards``; (3) the prepare stage: ``state``
-    (the method's ``prepare``), ``views`` (``corrupt``, every inner iteration), ``old_logp`` / ``ref_logp`` /
-    ``ref_views`` (scored with the pre-update and reference policies when the method needs them) and ``state``
-    again (``score_companions``); (4) ``advantages`` (the method's ``advantages``)."""
+    Filled by (1) the rollout: ``uid`` ... ``nfe`` (``from_rollout``: every field named as a ``Rollout`` field is that
+    field), ``tree`` (a method's own ``collect``); (2) the reward: ``rewards``; (3) the prepare stage: ``state`` (the
+    method's ``prepare``, its one writer), ``views`` (``corrupt``, every inner iteration), ``frozen`` (the method's
+    ``score_frozen`` with the models the trainer lends), ``old_logp`` / ``ref_logp`` / ``ref_views`` (scored with the
+    pre-update and reference policies when the method needs them); (4) ``advantages`` (the method's ``advantages``)."""
     uid: torch.Tensor  # [B] long: the global sample id (group * G + sample); keys every random draw of the sample
     group: torch.Tensor  # [B] long: the global id of the sample's prompt (GRPO group)
     prompt_ids: torch.Tensor  # [B, P] long, left-padded
@@ -162,15 +165,18 @@ class RLBatch(Rows):
     completion_mask: torch.Tensor  # [B, Lc] bool: positions up to and including the first stop token
     rewards: torch.Tensor  # [B] float (or [B, S]: per step)
     step_map: Optional[torch.Tensor] = None  # [B, Lc] long: the denoising step that wrote each token (-1: never)
-    # [B, Lc] float: entropy of the distribution each token was committed from (rollout.sampler.record_entropy)
+    # [B, Lc] float: entropy of the distribution each token was committed from (the method's ``records``)
     entropy_map: Optional[torch.Tensor] = None
-    trajectory: Any = None  # dare.rollout.Trajectory: the recorded intermediate states (samplers that record them)
+    trajectory: Any = None  # dare.rollout.Trajectory: the recorded intermediate states (the method's ``records``)
+    hint_mask: Optional[torch.Tensor] = None  # [B, Lc] bool: positions that held a hint, given, not decoded (IGPO)
+    tree: Any = None  # each row's place in its rollout tree (d-TreeRPO's ``collect``)
     examples: Optional[list] = None  # B dicts: each sample's data row, with its "rollout" numbers
     completions: Optional[list] = None  # B decoded completion texts
     stop_token_ids: tuple = batch_field(())  # the model's stop tokens (decoded completions end at the first)
     nfe: int = batch_field(0)  # denoiser calls of the rollout on this rank
-    state: Any = None  # the method's own per-sample state (its ``prepare`` / ``collect`` / ``score_companions``)
+    state: Any = None  # the method's own per-sample state (its ``prepare``)
     views: dict = field(default_factory=dict)  # iteration -> [View]
+    frozen: Any = None  # what the method's no-grad passes with the lent models returned (its ``score_frozen``)
     ref_views: Optional[dict] = None  # iteration -> [View] when the reference has noise of its own
     old_logp: Optional[dict] = None  # iteration -> [B, K] fp32
     ref_logp: Optional[dict] = None  # iteration -> [B, K] fp32
@@ -188,30 +194,42 @@ class RLBatch(Rows):
         return self.advantages.active
 
     @classmethod
+    def rollout_fields(cls) -> tuple[str, ...]:
+        """The fields a finished ``dare.rollout.Rollout`` fills: every field named as one of the rollout's fields or
+        properties (no hand-kept list: a new rollout record reaches the batch by a field of the same name here)."""
+        theirs = {f.name for f in dataclasses.fields(Rollout)} | {n for n, v in vars(Rollout).items()
+                                                                  if isinstance(v, property)}
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name in theirs)
+
+    @classmethod
     def from_rollout(cls, ro, uid: torch.Tensor, group: torch.Tensor, rewards: torch.Tensor,
                      examples: Optional[list] = None, completions: Optional[list] = None) -> "RLBatch":
-        """Stages (1)-(2)'s batch from a finished ``dare.rollout.Rollout``: the rollout's fields under the same names
-        (masks as bool), with the samples' ids, prompt groups, rewards and, optionally, data rows and texts."""
-        return cls(uid=uid, group=group, prompt_ids=ro.prompt_ids, prompt_mask=ro.prompt_mask.bool(),
-                   completion_ids=ro.completion_ids, completion_mask=ro.completion_mask.bool(), rewards=rewards,
-                   step_map=ro.step_map, entropy_map=ro.entropy_map, trajectory=ro.trajectory, examples=examples,
-                   completions=completions, stop_token_ids=ro.stop_token_ids, nfe=ro.nfe)
+        """Stages (1)-(2)'s batch from a finished ``dare.rollout.Rollout``: its fields under the same names
+        (``rollout_fields``; masks as bool), with the samples' ids, prompt groups, rewards and, optionally, data rows
+        and texts."""
+        taken = {name: getattr(ro, name) for name in cls.rollout_fields()}
+        taken = {k: v.bool() if k.endswith("_mask") and v is not None else v for k, v in taken.items()}
+        return cls(uid=uid, group=group, rewards=rewards, examples=examples, completions=completions, **taken)
 
     def take_row(self, slot: int, ro, src: int, reward, example: Optional[dict] = None,
                  completion: Optional[str] = None) -> None:
         """Row ``slot`` becomes completion ``src`` of the rollout ``ro`` of the same prompt (another try: IGPO's hinted
-        round, d-OPSD's pass@k): its tokens, mask, step and entropy maps, reward, data row and text; its uid and
-        group stay. A recorded trajectory cannot follow (the methods that swap rows refuse them)."""
+        round, d-OPSD's pass@k): its completion and every per-position record both have (step and entropy maps,
+        hints), its reward, data row and text; its uid, group and prompt stay. A recorded trajectory cannot follow
+        (the methods that swap rows do not record one)."""
         if self.trajectory is not None:
             raise ValueError("a batch with a recorded trajectory cannot take a row of another rollout")
         dev = self.completion_ids.device
-        self.completion_ids[slot] = ro.completion_ids[src].to(dev)
-        self.completion_mask[slot] = ro.completion_mask[src].to(dev).bool()
-        self.rewards[slot] = torch.as_tensor(reward).to(self.rewards.device, self.rewards.dtype)
-        for name in ("step_map", "entropy_map"):
+        if ro.completion_ids.shape[1] != self.completion_ids.shape[1]:
+            raise ValueError(f"the other rollout has {ro.completion_ids.shape[1]} completion positions, the batch "
+                             f"{self.completion_ids.shape[1]}")
+        for name in self.rollout_fields():
+            if name.startswith("prompt_"):  # the same prompt (padded to the other rollout's width)
+                continue
             mine, theirs = getattr(self, name), getattr(ro, name)
-            if mine is not None and theirs is not None:
-                mine[slot] = theirs[src].to(mine.device)
+            if isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor) and mine.dim() == 2:
+                mine[slot] = theirs[src].to(dev, mine.dtype)
+        self.rewards[slot] = torch.as_tensor(reward).to(self.rewards.device, self.rewards.dtype)
         if self.examples is not None and example is not None:
             self.examples[slot] = example
         if self.completions is not None and completion is not None:
@@ -219,7 +237,7 @@ class RLBatch(Rows):
 
 
 # What the prepare and advantage stages store on any batch (the same names as RLBatch's fields).
-STAGE_FIELDS = ("state", "views", "ref_views", "old_logp", "ref_logp", "advantages")
+STAGE_FIELDS = ("state", "views", "frozen", "ref_views", "old_logp", "ref_logp", "advantages")
 
 
 class Batch(Rows):
@@ -231,7 +249,7 @@ class Batch(Rows):
     def __init__(self, uid: torch.Tensor, meta: Optional[dict] = None, **fields):
         self.fields: dict[str, Any] = {"uid": uid.long(), **fields}
         self.meta: dict[str, Any] = dict(meta or {})
-        self.state = self.ref_views = self.old_logp = self.ref_logp = self.advantages = None
+        self.state = self.frozen = self.ref_views = self.old_logp = self.ref_logp = self.advantages = None
         self.views: dict = {}
 
     @property

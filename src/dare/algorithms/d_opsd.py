@@ -129,20 +129,26 @@ def select_positions(confidence: torch.Tensor, eligible: torch.Tensor, k: torch.
 class DOPSDState:
     """``batch.state``: the step ranks of every token (``ranks [B, Lc]``), the step table (``block`` / ``count``
     ``[B, R]``), the recorded states ``states [B]``, the plan ``plan [B, D, W]`` (step rank per inner iteration and
-    view, -1 none) and each sample's weight ``1/b_i`` if it passes the gate (``weight [B]``). The teacher pass adds,
-    per view slot ``j * W + r``: the supervised completion columns ``positions [B, D*W, k]`` (``valid``), the
-    teacher's top-k token ids ``teacher_ids [B, D*W, k, K]`` and its renormalised log-probs ``teacher_logq``."""
+    view, -1 none) and each sample's weight ``1/b_i`` if it passes the gate (``weight [B]``); ``width`` k: supervised
+    positions per state (the most tokens any trained step wrote)."""
     ranks: torch.Tensor
     block: torch.Tensor
     count: torch.Tensor
     states: torch.Tensor
     plan: torch.Tensor
     weight: torch.Tensor
-    positions: Optional[torch.Tensor] = None
-    valid: Optional[torch.Tensor] = None
-    teacher_ids: Optional[torch.Tensor] = None
-    teacher_logq: Optional[torch.Tensor] = None
-    width: int = 0  # k: supervised positions per state (the most tokens any trained step wrote)
+    width: int = 0
+
+
+@dataclass
+class Teacher:
+    """``batch.frozen``, the teacher pass (``score_frozen``), per view slot ``j * W + r``: the supervised completion
+    columns ``positions [B, D*W, k]`` (``valid``), the teacher's top-k token ids ``ids [B, D*W, k, K]`` and its
+    renormalised log-probs ``logq``."""
+    positions: torch.Tensor
+    valid: torch.Tensor
+    ids: torch.Tensor
+    logq: torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -195,8 +201,8 @@ class DOPSD(Algorithm):
         return 1  # one forward per recorded state (and one teacher forward)
 
     @property
-    def frozen_model(self) -> str:  # the teacher: the frozen initial model, or the current weights
-        return "reference" if self.config.fixed_teacher else "policy"
+    def frozen_models(self) -> tuple[str, ...]:  # the teacher: the frozen initial model, or the current weights
+        return ("reference",) if self.config.fixed_teacher else ("policy",)
 
     def check_rollout(self, sampler, adapter) -> None:
         if sampler.block_length >= sampler.gen_length:
@@ -205,13 +211,10 @@ class DOPSD(Algorithm):
         if sampler.rcr:
             raise ValueError("d-OPSD rebuilds each state from the step map (written tokens stay written); "
                              "rollout.sampler.rcr re-masks written tokens: unset it")
-        if sampler.record_trajectory and self.config.passk > 1:
-            raise ValueError("d-OPSD reads the step map only, and its pass@k retries replace rows of the rollout: "
-                             "unset rollout.sampler.record_trajectory")
 
     # --- (1)-(2) rollout with pass@k ----------------------------------------------------------------------
     def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
-        batch, metrics = ctx.services.collect(ctx, prompts, model)
+        batch, metrics = ctx.services.collect(ctx, prompts, model, record=self.record)
         tries = torch.ones(batch.size)
         if self.config.passk > 1:
             tries = retry_until_correct(self.config, ctx, model, batch)
@@ -278,7 +281,7 @@ class DOPSD(Algorithm):
         return ((step >= 0) & (batch.state.weight > 0)).nonzero().flatten()
 
     @torch.no_grad()
-    def score_frozen(self, ctx: StepContext, batch: RLBatch, teacher, micro_batch_size: int) -> DOPSDState:
+    def score_frozen(self, ctx: StepContext, batch: RLBatch, lend, micro_batch_size: int) -> Teacher:
         """One no-grad forward of the teacher per state: reveal, select the positions, cache the top-k."""
         _no_sequence_parallel()
         cfg, st = self.config, batch.state
@@ -292,15 +295,16 @@ class DOPSD(Algorithm):
         logq = torch.zeros(B, D * W, k, K, dtype=torch.float32, device=dev)
         stops = batch.stop_token_ids or ctx.adapter.all_stop_ids
         eos = first_stop(batch.completion_ids, stops)
-        for j in range(D):
-            for r, view in enumerate(batch.views[j]):
-                step = st.plan[:, j, r]
-                rows = self._rows(ctx, batch, step)
-                for chunk in rows.split(max(1, micro_batch_size)):
-                    out = self._teacher_chunk(ctx, batch, teacher, view, chunk, step[chunk], eos[chunk], P, BL, K, k)
-                    slot = j * W + r
-                    positions[chunk, slot], valid[chunk, slot], ids[chunk, slot], logq[chunk, slot] = out
-        return dataclasses.replace(st, positions=positions, valid=valid, teacher_ids=ids, teacher_logq=logq)
+        with lend(self.frozen_models[0]) as teacher:
+            for j in range(D):
+                for r, view in enumerate(batch.views[j]):
+                    step = st.plan[:, j, r]
+                    rows = self._rows(ctx, batch, step)
+                    for chunk in rows.split(max(1, micro_batch_size)):
+                        out = self._teacher_chunk(ctx, batch, teacher, view, chunk, step[chunk], eos[chunk], P, BL, K, k)
+                        slot = j * W + r
+                        positions[chunk, slot], valid[chunk, slot], ids[chunk, slot], logq[chunk, slot] = out
+        return Teacher(positions, valid, ids, logq)
 
     def _teacher_chunk(self, ctx, batch, teacher, view: View, rows, step, eos, P: int, BL: int, K: int, k: int):
         cfg, st = self.config, batch.state
@@ -350,8 +354,8 @@ class DOPSD(Algorithm):
         if rows.numel() == 0:
             return None
         P = batch.prompt_ids.shape[1]
-        pos = st.positions[rows, slot[rows]]
-        ids = st.teacher_ids[rows, slot[rows]]
+        pos = batch.frozen.positions[rows, slot[rows]]
+        ids = batch.frozen.ids[rows, slot[rows]]
         logits = model(view.input_ids[rows],
                        attention_mask=view.attention_mask[rows] if view.attention_mask is not None else None,
                        position_ids=view.position_ids[rows] if view.position_ids is not None else None,
@@ -367,7 +371,7 @@ class DOPSD(Algorithm):
     def log_likelihood(self, ctx: StepContext, model, batch: RLBatch, views: list[View], *,
                        with_entropy: bool = False) -> LogLik:
         """``[B, views x k x K]``: the student's log-probs of the teacher's top-k tokens, renormalised over them."""
-        B, k, K = batch.size, batch.state.width, batch.state.teacher_ids.shape[-1]
+        B, k, K = batch.size, batch.state.width, batch.frozen.ids.shape[-1]
         parts = []
         for v in views:
             out = self.student(ctx, model, batch, v)
@@ -382,9 +386,9 @@ class DOPSD(Algorithm):
         B, k = batch.size, st.width
         slots = torch.stack([v.info["slot"].long() for v in views], dim=1)  # [B, nv]
         rows = torch.arange(B, device=slots.device)[:, None]
-        teacher = st.teacher_logq[rows, slots]  # [B, nv, k, K]
+        teacher = batch.frozen.logq[rows, slots]  # [B, nv, k, K]
         student = current.value.view(B, len(views), k, -1)
-        ok = st.valid[rows, slots] & (st.weight > 0)[:, None, None]  # [B, nv, k]
+        ok = batch.frozen.valid[rows, slots] & (st.weight > 0)[:, None, None]  # [B, nv, k]
         d, clipped = topk_divergence(student, teacher.to(student.dtype), cfg.jsd_beta, cfg.token_clip)
         per_state = (d * ok[..., None]).sum((-1, -2))  # [B, nv]: sum over positions and top-k tokens
         n = max(ctx.norms.get("samples", float(B)), 1.0)
@@ -407,7 +411,7 @@ class DOPSD(Algorithm):
             logq, overlap = out
             loss, metrics = self.loss(ctx, batch, LogLik(logq.flatten(1)), iteration, views=[view])
             slot = view.info["slot"].long()
-            ok = batch.state.valid[torch.arange(batch.size), slot] & (batch.state.weight > 0)[:, None]
+            ok = batch.frozen.valid[torch.arange(batch.size), slot] & (batch.state.weight > 0)[:, None]
             metrics["top_k_overlap"] = float((overlap * ok).sum()) / positions
             return loss, metrics
         return backward_each_view(batch.views[iteration], view_loss, loss_scale, skip_constant=True,

@@ -158,7 +158,7 @@ def distillation_targets(tokens: torch.Tensor, targets: torch.Tensor, advantages
 
 @dataclass
 class TreeState:
-    """d-TreeRPO's ``batch.state``, one row per non-root tree node: its parent's state ``parent_ids [B, Lc]`` (all
+    """d-TreeRPO's ``batch.tree`` (its ``collect``'s record of the rollout trees), one row per non-root tree node: its parent's state ``parent_ids [B, Lc]`` (all
     masked for level-0 nodes) and step map, the tokens the node committed in its segment ``segment_targets [B, Lc]``,
     its local advantage ``tree_advantages [B]`` and ``tree_level [B]``; the sampler's ``block_length``."""
     parent_ids: torch.Tensor
@@ -217,7 +217,7 @@ def segments_batch(tree, rewards: torch.Tensor, prompt_uids: torch.Tensor, mask_
                       torch.cat(adv), cat["level"], block_length)
     return RLBatch(uid=cat["uid"].long(), group=cat["group"], prompt_ids=cat["prompt_ids"], prompt_mask=cat["prompt_mask"],
                    completion_ids=cat["ids"], completion_mask=cat["mask"], step_map=cat["steps"],
-                   rewards=torch.cat(values).float(), state=state)
+                   rewards=torch.cat(values).float(), tree=state)
 
 
 def _left_pad(t: torch.Tensor, width: int, value) -> torch.Tensor:
@@ -232,14 +232,14 @@ def concat_batches(parts: list[RLBatch], pad_id: int) -> RLBatch:
 
     def cat(get):
         return torch.cat([get(b) for b in parts])
-    state = TreeState(*(cat(lambda b, f=f: getattr(b.state, f)) for f in
+    state = TreeState(*(cat(lambda b, f=f: getattr(b.tree, f)) for f in
                         ("parent_ids", "parent_step_map", "segment_targets", "tree_advantages", "tree_level")),
-                      block_length=parts[0].state.block_length)
+                      block_length=parts[0].tree.block_length)
     return RLBatch(uid=cat(lambda b: b.uid), group=cat(lambda b: b.group),
                    prompt_ids=cat(lambda b: _left_pad(b.prompt_ids, P, pad_id)),
                    prompt_mask=cat(lambda b: _left_pad(b.prompt_mask, P, False)),
                    completion_ids=cat(lambda b: b.completion_ids), completion_mask=cat(lambda b: b.completion_mask),
-                   step_map=cat(lambda b: b.step_map), rewards=cat(lambda b: b.rewards), state=state)
+                   step_map=cat(lambda b: b.step_map), rewards=cat(lambda b: b.rewards), tree=state)
 
 
 @register_algorithm
@@ -272,8 +272,7 @@ class DTreeRPO(GRPOAlgorithm):
         ("lazy-sudoku-llada-sft", "lazy-sudoku-sdar-sft"), "docs/algorithms/dtreerpo.md")
 
     def check_rollout(self, sampler, adapter) -> None:
-        for key, bad in (("record_trajectory", sampler.record_trajectory), ("rcr", sampler.rcr),
-                         ("editing_threshold", sampler.editing_threshold is not None)):
+        for key, bad in (("rcr", sampler.rcr), ("editing_threshold", sampler.editing_threshold is not None)):
             if bad:
                 raise ValueError(f"dtreerpo branches paused rollouts; rollout.sampler.{key} cannot be paused")
 
@@ -322,7 +321,7 @@ class DTreeRPO(GRPOAlgorithm):
 
     def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         """The parent's state as input, the segment's committed tokens as targets."""
-        tree = batch.state
+        tree = batch.tree
         view = completion_view(ctx, batch, tree.parent_ids, tree.segment_targets.bool())
         block = tree.block_length if tree.block_length is not None else ctx.adapter.block_size
         if ctx.adapter.is_block_causal and block != ctx.adapter.block_size:  # score the sampler's attention
@@ -331,7 +330,7 @@ class DTreeRPO(GRPOAlgorithm):
 
     # --- (4) advantages ----------------------------------------------------------------------------------
     def advantages(self, ctx: StepContext, batch: RLBatch) -> TreeAdvantages:
-        tree = batch.state
+        tree = batch.tree
         adv = tree.tree_advantages.float()
         active = torch.ones(batch.size, device=adv.device)
         cfg = self.config
@@ -343,7 +342,7 @@ class DTreeRPO(GRPOAlgorithm):
 
     # --- (5) loss ----------------------------------------------------------------------------------------
     def loss_mask(self, batch: RLBatch) -> torch.Tensor:
-        return batch.state.segment_targets.float() * batch.active.float()[:, None]
+        return batch.tree.segment_targets.float() * batch.active.float()[:, None]
 
     def normalizers(self, batch: RLBatch) -> dict[str, float]:
         out = super().normalizers(batch)

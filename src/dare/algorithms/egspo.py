@@ -8,8 +8,8 @@ gradient is exact per step, so the likelihood is the step's own
 
 from one forward on the replayed state (never-written tokens stay masked; block models use the ``[x_t ; x_0]``
 layout, which gives a block's step exactly its sampler state). Only K = ``sample_train_steps`` steps per completion
-are trained: the K with the highest mean predictive entropy over ``U_t`` (``rollout.sampler.record_entropy``
-records it at commit time), in descending order; slot k of every sample is its k-th highest-entropy step.
+are trained: the K with the highest mean predictive entropy over ``U_t`` (the rollout records it at commit
+time: EGSPO's ``record``), in descending order; slot k of every sample is its k-th highest-entropy step.
 
 * ``egspo``: every trained step of a sample gets the group-centred terminal reward ``A = R - mean_group R``.
 * ``egspo_sa`` (stepwise advantages): ``r_k = R(x0_hat(s_{t_k}))``, the reward of the one-step greedy denoise of
@@ -31,6 +31,7 @@ from typing import ClassVar, Literal, Optional
 import torch
 
 from ..models import LogitsRequest
+from ..rollout.config import Record
 from .advantages import group_advantages, zero_variance_groups
 from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View
@@ -38,7 +39,7 @@ from .common.scoring import backward_each_view, score_view
 from .common.views import completion_view
 from .grpo import GRPOAlgorithm, GRPOConfig
 from .losses import clipped_surrogate, kl_penalty
-from .paper import GridAdjust, LrDeparture, PaperSettings
+from .paper import LrDeparture, PaperSettings
 from .registry import register_algorithm
 
 StepSelection = Literal["entropy", "uniform", "random"]
@@ -174,12 +175,18 @@ def greedy_denoise(model, view: View, completion_length: int, mask_id: int) -> t
 
 @dataclass
 class EGSPOState:
-    """``batch.state``: the trained steps ``[B, K]`` (-1: none), their rollout entropies ``[B, K]``, each row's
-    number of denoising steps ``[B]`` and, for EGSPO-SA, the one-step-denoise rewards of the trained states."""
+    """``batch.state``: the trained steps ``[B, K]`` (-1: none), their rollout entropies ``[B, K]`` and each row's
+    number of denoising steps ``[B]``."""
     steps: torch.Tensor
     entropy: torch.Tensor
     num_steps: torch.Tensor
-    step_rewards: Optional[torch.Tensor] = None
+
+
+@dataclass
+class StepRewards:
+    """EGSPO-SA's ``batch.frozen``: the reward ``rewards [B, K]`` of the greedy one-step denoise of every trained state
+    (the terminal reward in untrained slots)."""
+    rewards: torch.Tensor
 
 
 def pairs_key(iteration: int) -> str:
@@ -196,12 +203,8 @@ class EGSPO(GRPOAlgorithm):
     iterations_split_work = True  # iteration j trains slots [j K/mu, (j+1) K/mu)
     paper = PaperSettings(
         lr=3e-5, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64}, published_code=True,
-        sampler={"record_entropy": True},
         source="vishnutez/egspo-dllm-rl egspo/train.sh (LEARNING_RATE, TEMPERATURE, LAMBDA1=0 for EGSPO), "
                "egspo/slurm_scripts/train.yaml (max_grad_norm, lora_r, lora_alpha); gsm8k only")
-    grid = GridAdjust("EGSPO trains each completion's highest-entropy denoising steps: the sampler records the predictive "
-                      "entropy of every committed token (record_entropy; docs/algorithms/egspo.md)",
-                      sampler={"record_entropy": True})
     departure = LrDeparture(
         0.5,
         "at its paper ratio (30x Coupled-GRPO's lr: 3e-3 with LoRA r 128) the tiny LLaDA learned (held-out "
@@ -218,14 +221,18 @@ class EGSPO(GRPOAlgorithm):
                            "commits none -- every pass re-noises what it does not accept and a canvas's tokens are its "
                            "last pass's argmax -- so there is no step state or action to replay"}
 
+    @property
+    def record(self) -> Record:  # the entropy each token was committed from ranks the steps
+        return Record(entropy=self.config.step_selection == "entropy")
+
     # --- the trained steps (once per batch) ----------------------------------------------------------
     def prepare(self, ctx: StepContext, batch: RLBatch) -> EGSPOState:
         cfg = self.config
         if batch.step_map is None:
             raise ValueError(f"{self.name} replays the rollout's step_map, but the batch has none")
         if cfg.step_selection == "entropy" and batch.entropy_map is None:
-            raise ValueError(f"{self.name} picks its training steps by the rollout's predictive entropy: set "
-                             f"rollout.sampler.record_entropy: true")
+            raise ValueError(f"{self.name} picks its training steps by the rollout's predictive entropy, but the batch "
+                             f"carries no entropy map (its rollout must record one: Record(entropy=True), its record)")
         ent_map = batch.entropy_map if batch.entropy_map is not None else torch.zeros(batch.step_map.shape)
         entropy, valid = step_entropies(batch.step_map, ent_map.to(batch.step_map.device))
         gens = [ctx.generator("egspo_steps", int(u)) for u in batch.uid.tolist()] if cfg.step_selection == "random" else None
@@ -263,9 +270,9 @@ class EGSPO(GRPOAlgorithm):
     # --- advantages ----------------------------------------------------------------------------------
     def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:
         cfg = self.config
-        st = batch.state
-        # egspo's config has no stepwise keys (its step_rewards are None): the terminal advantage in every slot
-        adv = stepwise_advantages(batch.rewards.float(), st.step_rewards, batch.group, cfg.sample_train_steps,
+        step_rewards = batch.frozen.rewards if batch.frozen is not None else None
+        # egspo's config has no stepwise keys (and no step rewards): the terminal advantage in every slot
+        adv = stepwise_advantages(batch.rewards.float(), step_rewards, batch.group, cfg.sample_train_steps,
                                   getattr(cfg, "lambda1", 0.0), getattr(cfg, "normalize_returns", True),
                                   getattr(cfg, "centre_stepwise", True), cfg.advantage, cfg.advantage_eps)
         active = torch.ones(batch.size, device=adv.device)
@@ -307,8 +314,8 @@ class EGSPO(GRPOAlgorithm):
         metrics = {"clip_frac": float((clipped.float() * sel).sum()) / pairs,
                    "ratio_mean": float((ratio.detach() * sel).sum()) / pairs,
                    "step_entropy_rollout": float((batch.state.entropy[:, cols] * sel).sum()) / pairs}
-        if batch.state.step_rewards is not None:
-            metrics["step_reward"] = float((batch.state.step_rewards[:, cols].to(sel.device) * sel).sum()) / pairs
+        if batch.frozen is not None:
+            metrics["step_reward"] = float((batch.frozen.rewards[:, cols].to(sel.device) * sel).sum()) / pairs
         if ref is not None:
             kl = kl_penalty(logp_s, torch.where(sel, ref, logp_s.detach()), cfg.kl_estimator)
             per = per + cfg.beta * kl
@@ -343,12 +350,8 @@ class EGSPOSA(EGSPO):
     name = "egspo_sa"
     paper = PaperSettings(
         lr=3e-5, grad_clip=0.2, temperature=0.9, lora={"r": 128, "alpha": 64}, published_code=True,
-        sampler={"record_entropy": True},
         source="vishnutez/egspo-dllm-rl egspo/train.sh (LEARNING_RATE, TEMPERATURE, LAMBDA1=0.5, NORMALIZE_RETURNS), "
                "egspo/slurm_scripts/train.yaml (max_grad_norm, lora_r, lora_alpha); gsm8k only")
-    grid = GridAdjust("EGSPO-SA trains each completion's highest-entropy denoising steps: the sampler records the "
-                      "predictive entropy of every committed token (record_entropy; docs/algorithms/egspo_sa.md)",
-                      sampler={"record_entropy": True})
     config_class = EGSPOSAConfig
     supports: ClassVar[tuple[str, ...]] = ("bidirectional",)
     undefined: ClassVar[dict[str, str]] = {
@@ -359,11 +362,11 @@ class EGSPOSA(EGSPO):
                         "a clean prefix), so x0_hat has no block-model form; plain egspo trains block models"}
 
     @property
-    def frozen_model(self) -> str:  # the greedy one-step denoise is the pre-update policy's
-        return "policy"
+    def frozen_models(self) -> tuple[str, ...]:  # the greedy one-step denoise is the pre-update policy's
+        return ("policy",)
 
-    def score_frozen(self, ctx: StepContext, batch: RLBatch, policy, micro_batch_size: int) -> EGSPOState:
-        """``step_rewards [B, K]``: the reward of the greedy one-step denoise of every trained state (one no-grad
+    def score_frozen(self, ctx: StepContext, batch: RLBatch, lend, micro_batch_size: int) -> StepRewards:
+        """``StepRewards.rewards [B, K]``: the reward of the greedy one-step denoise of every trained state (one no-grad
         forward per slot and micro-batch, one reward call for all), before any update."""
         score = ctx.services.score_completions
         if score is None:
@@ -371,16 +374,17 @@ class EGSPOSA(EGSPO):
                              "ctx.services.score_completions(batch, completion_ids [N, Lc], sample_index [N])")
         st, mask_id = batch.state, ctx.adapter.mask_token_id
         preds = []
-        for it in range(self.config.inner_iterations):
-            for view in batch.views[it]:
-                Lc = batch.completion_ids.shape[1]
-                parts = [greedy_denoise(policy, view.select(idx), Lc, mask_id)
-                         for idx in torch.arange(batch.size).split(max(1, micro_batch_size))]
-                preds.append(torch.cat(parts))
+        with lend("policy") as policy:
+            for it in range(self.config.inner_iterations):
+                for view in batch.views[it]:
+                    Lc = batch.completion_ids.shape[1]
+                    parts = [greedy_denoise(policy, view.select(idx), Lc, mask_id)
+                             for idx in torch.arange(batch.size).split(max(1, micro_batch_size))]
+                    preds.append(torch.cat(parts))
         x0 = torch.stack(preds, 1)  # [B, K, Lc]
         rows, slots = (st.steps >= 0).nonzero(as_tuple=True)
         rewards = batch.rewards.float()[:, None].repeat(1, st.steps.shape[1])  # untrained slots: r = R (no signal)
         if rows.numel():
             values = torch.as_tensor(score(batch, x0[rows, slots], rows), dtype=torch.float32)
             rewards[rows, slots] = values.to(rewards.device)
-        return EGSPOState(st.steps, st.entropy, st.num_steps, rewards)
+        return StepRewards(rewards)

@@ -86,12 +86,11 @@ class IGPOConfig(GRPOConfig):
 
 
 @dataclass
-class HintState:
-    """IGPO's per-sample state (``batch.state``, from ``collect``): ``hint [B, Lc]`` the completion positions that held
-    a hint; ``scored_hint [B, Lc]`` the hint positions in the loss (``score_hints``: the entropy filter's, else
-    none)."""
-    hint: torch.Tensor
-    scored_hint: torch.Tensor
+class ScoredHints:
+    """IGPO's ``batch.frozen`` with ``score_hints``: ``hints [B, Lc]`` the hint positions the loss keeps (the entropy
+    filter's, by the rollout policy's entropies; ``score_frozen``). The hints themselves are the rollout's
+    ``batch.hint_mask``."""
+    hints: torch.Tensor
 
 
 def hint_entropy_filter(candidates: torch.Tensor, entropy: torch.Tensor, keep: float) -> torch.Tensor:
@@ -122,39 +121,28 @@ class IGPO(GRPOAlgorithm):
                "l.141/l.146), train.yaml l.24 (max_grad_norm 0.2), l.9-10 (lora_r 128, lora_alpha 64)")
     deterministic_views = True  # nothing is drawn: every non-hint completion position is masked
 
-    def check_rollout(self, sampler, adapter) -> None:
-        if sampler.record_trajectory:
-            raise ValueError("igpo replaces the completions of all-wrong groups by hinted ones; recorded trajectories "
-                             "would not follow (set rollout.sampler.record_trajectory: false)")
-
     # --- (1) rollout with the hinted round, (2) reward ---------------------------------------------------------
     def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         services = ctx.services
-        batch, metrics = services.collect(ctx, prompts, model)
-        cfg = self.config
-        B, Lc = batch.completion_ids.shape
-        dev = batch.completion_ids.device
-        hint = torch.zeros(B, Lc, dtype=torch.bool, device=dev)
+        batch, metrics = services.collect(ctx, prompts, model, record=self.record)
+        if batch.hint_mask is None:  # no hints in the first round: the hinted rows bring theirs
+            batch.hint_mask = torch.zeros_like(batch.completion_ids, dtype=torch.bool)
         t0 = time.perf_counter()
-        counts = self._hinted_round(ctx, prompts, model, batch, hint)
-        scored = torch.zeros_like(hint)
-        if cfg.score_hints:
-            scored = self._entropy_filtered(ctx, model, batch, hint)
-        batch.state = HintState(hint, scored)
+        counts = self._hinted_round(ctx, prompts, model, batch)
         metrics["rollout_time"] += time.perf_counter() - t0
         metrics["nfe"] += counts.pop("nfe")
         metrics.update(services.all_reduce_sums(counts))
         return batch, metrics
 
-    def _hinted_round(self, ctx: StepContext, prompts, model, batch: RLBatch, hint: torch.Tensor) -> dict:
-        """Regenerate the all-wrong groups with hints and swap correct hinted rollouts in (``batch`` and ``hint`` are
-        updated in place). Returns the step's counts of this rank."""
+    def _hinted_round(self, ctx: StepContext, prompts, model, batch: RLBatch) -> dict:
+        """Regenerate the all-wrong groups with hints and swap correct hinted rollouts in (``batch``, its hint mask
+        included, is updated in place). Returns the step's counts of this rank."""
         from ..collectives import agree_max
         from ..diffusion.noise import derive_seed, keyed_generator
         from ..rewards.speed import rollout_info
         cfg, services = self.config, ctx.services
         sampler = services.rollout_sampler
-        G, Lc = services.group_size, batch.completion_ids.shape[1]
+        G = services.group_size
         uids = prompts["uid"].tolist()
         correct = (batch.rewards.float() >= cfg.correct_reward).cpu()
         group = batch.group.cpu()
@@ -188,55 +176,61 @@ class IGPO(GRPOAlgorithm):
         rewards = services.score_texts(texts, examples)
         good = rewards.float() >= cfg.correct_reward
         counts["igpo_hinted_correct"] = float(good.sum())
-        dev = batch.completion_ids.device
         for k, j in enumerate(todo):
             cand = ((of == k) & good).nonzero().flatten()
             if cand.numel() > cfg.max_replacements:  # a random subset of the correct ones (the reference's randperm)
                 pick = torch.randperm(cand.numel(), generator=keyed_generator(ctx.seed, "igpo-pick", ctx.step, uids[j]))
                 cand = cand[pick[:cfg.max_replacements]]
             for slot, src in zip(rows_of[uids[j]].tolist(), cand.tolist()):  # the group's first rollouts are replaced
-                batch.take_row(slot, ro, src, rewards[src], examples[src], texts[src])
-                hint[slot] = ro.hint_mask[src].to(dev)
+                batch.take_row(slot, ro, src, rewards[src], examples[src], texts[src])  # its hint mask too
                 counts["igpo_replaced"] += 1.0
-        if ro.completion_ids.shape[1] != Lc:
-            raise RuntimeError(f"hinted rollouts have {ro.completion_ids.shape[1]} positions, the batch {Lc}")
         return counts
 
-    def _entropy_filtered(self, ctx: StepContext, model, batch: RLBatch, hint: torch.Tensor) -> torch.Tensor:
+    @property
+    def frozen_models(self) -> tuple[str, ...]:  # score_hints: the rollout policy's entropies at the hints
+        return ("policy",) if self.config.score_hints else ()
+
+    def score_frozen(self, ctx: StepContext, batch: RLBatch, lend, micro_batch_size: int) -> ScoredHints:
         """``score_hints``: the hint positions the reference keeps in the loss, by the rollout policy's entropies of
         the scoring view (the old policy's at every inner iteration: the view draws nothing)."""
         from ..collectives import agree_max, gathered_for_inference
+        hint = self.hints(batch)
         out = torch.zeros_like(hint)
         rows = hint.any(1).nonzero().flatten()
         if agree_max([rows.numel()], hint.device)[0] == 0:
-            return out
-        with gathered_for_inference(model), torch.no_grad():
+            return ScoredHints(out)
+        with lend("policy") as model, gathered_for_inference(model):
             if rows.numel():
                 sub = batch.select(rows)
-                sub.state = HintState(hint[rows], torch.zeros_like(hint[rows]))
-                ent = self.log_likelihood(ctx, model, sub, self.corrupt(ctx, sub, 0), with_entropy=True).entropy
+                ent = self.log_likelihood(ctx, model, sub, sub.views[0], with_entropy=True).entropy
                 cand = hint[rows] & sub.completion_mask.bool()
                 out[rows] = hint_entropy_filter(cand, ent.to(cand.device), self.config.hint_entropy_keep)
-        return out
+        return ScoredHints(out)
 
     # --- (3) the scoring view ----------------------------------------------------------------------------------
+    def hints(self, batch: RLBatch) -> torch.Tensor:
+        """Bool ``[B, Lc]``: the completion positions that held a hint (the rollout's ``hint_mask``)."""
+        if batch.hint_mask is None:
+            return torch.zeros_like(batch.completion_ids, dtype=torch.bool)
+        return batch.hint_mask.bool()
+
     def scored(self, batch: RLBatch) -> torch.Tensor:
         """Bool ``[B, Lc]``: the positions the view scores (generated ones; with ``score_hints`` the hints too)."""
         valid = batch.completion_mask.bool()
-        return valid if self.config.score_hints else valid & ~batch.state.hint.to(valid.device)
+        return valid if self.config.score_hints else valid & ~self.hints(batch).to(valid.device)
 
     def corrupt(self, ctx: StepContext, batch: RLBatch, iteration: int) -> list[View]:
         comp = batch.completion_ids
-        hint = batch.state.hint.to(comp.device)
+        hint = self.hints(batch).to(comp.device)
         noised = torch.ones_like(hint) if self.config.score_hints else ~hint
         x_t = ctx.corrupt(comp, noised, batch.uid, iteration, "completion")
         return [completion_view(ctx, batch, x_t, self.scored(batch))]
 
     # --- (5) loss ------------------------------------------------------------------------------------------------
     def loss_mask(self, batch: RLBatch) -> torch.Tensor:
-        st = batch.state
         valid = batch.completion_mask.bool()
-        keep = valid & (~st.hint.to(valid.device) | st.scored_hint.to(valid.device))
+        kept = batch.frozen.hints.to(valid.device) if batch.frozen is not None else torch.zeros_like(valid)
+        keep = valid & (~self.hints(batch).to(valid.device) | kept)
         return keep.float() * batch.active.float()[:, None]
 
     def loss(self, ctx: StepContext, batch: RLBatch, current: LogLik, iteration: int):

@@ -168,7 +168,7 @@ class JustGRPO(GRPOAlgorithm):
     def collect(self, ctx: StepContext, prompts, model) -> tuple[RLBatch, dict]:
         """The group rollout of the recipe's sampler in AR order (block length 1, one token per step)."""
         services = ctx.services
-        return services.collect(ctx, prompts, model, sampler=ar_sampler(services.rollout_sampler))
+        return services.collect(ctx, prompts, model, sampler=ar_sampler(services.rollout_sampler), record=self.record)
 
     # --- advantages and normalisers -----------------------------------------------------------------------
     def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:

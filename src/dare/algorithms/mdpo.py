@@ -1,6 +1,6 @@
 """MDPO: masked diffusion policy optimisation on the sampler's own states (He et al. 2025; algorithms.md section 5).
 
-The rollout records its trajectory (``rollout.sampler.record_trajectory: true``): for every denoising step s the
+The rollout records its trajectory (MDPO's ``record``: ``Record(trajectory=True)``): for every denoising step s the
 input state ``x^(s)`` and the step's prediction ``x0^(s)`` (every masked position filled by the sampler's pick, the
 rest kept) with per-token confidences ``c^(s)`` (the running confidence with RCR).
 
@@ -44,6 +44,7 @@ import torch
 
 from ..collectives import agree_max
 from ..diffusion.logprob import score_targets
+from ..rollout.config import Record
 from .advantages import group_zscore_unbiased
 from .base import StepContext, cost
 from .batch import Advantages, LogLik, RLBatch, View
@@ -114,8 +115,8 @@ def trajectory_fields(batch: RLBatch):
     """(states, x0, confidence, valid) of the batch's recorded trajectory."""
     t = batch.trajectory
     if t is None:
-        raise ValueError("MDPO trains on the sampler's intermediate states: set rollout.sampler.record_trajectory: "
-                         "true so that the batch carries the rollout's trajectory")
+        raise ValueError("MDPO trains on the sampler's intermediate states, but the batch carries no recorded "
+                         "trajectory (its rollout must record one: Record(trajectory=True), MDPO's record)")
     return t.states, t.x0, t.confidence, t.valid.bool()
 
 
@@ -138,11 +139,10 @@ class MDPO(GRPOAlgorithm):
     paper = PaperSettings(
         lr=1e-5, grad_clip=1.0, temperature=0.1,
         published_code=True,
-        sampler={"record_trajectory": True},  # MDPO trains on the rollout's intermediate states
         source="autonomousvision/mdpo recipes/LLaDA-Instruct/mdpo/config_demo.yaml (learning_rate, temperature; no max_grad_norm: the HF Trainer default 1.0); no Sudoku script")
     grid = GridAdjust("MDPO rewards every step's whole-answer prediction: single-block rollouts with the trajectory recorded "
                       "(docs/algorithms/mdpo.md); its logit temperature = the rollout temperature (reference)",
-                      single_block=True, sampler={"record_trajectory": True, "block_stop": False}, rollout_micro_batch=1)
+                      single_block=True, sampler={"block_stop": False}, rollout_micro_batch=1)
     departure = LrDeparture(
         0.1,
         "at its paper ratio (10x Coupled-GRPO's lr, 1e-3 on the tiny LLaDA) the training reward oscillated "
@@ -161,6 +161,10 @@ class MDPO(GRPOAlgorithm):
     def mc_samples(self) -> int:
         return self.config.sample_train_steps
 
+    @property
+    def record(self) -> Record:  # MDPO trains on the rollout's intermediate states
+        return Record(trajectory=True)
+
     # --- ICFW curation (``incremental_training``) ----------------------------------------------------------
     @property
     def curates_prompts(self) -> bool:
@@ -173,11 +177,10 @@ class MDPO(GRPOAlgorithm):
         cfg = self.config
         if not prompts:
             return []
-        sampler = dataclasses.replace(ctx.services.rollout_sampler, temperature=cfg.icfw_temperature,
-                                      record_trajectory=True)
+        sampler = dataclasses.replace(ctx.services.rollout_sampler, temperature=cfg.icfw_temperature)
         score = ctx.services.score_ids
         seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, "icfw", ctx.step, u) for u in uids]
-        ro = ctx.services.generate(model, [p.input_ids for p in prompts], sampler, n=1, seeds=seeds)
+        ro = ctx.services.generate(model, [p.input_ids for p in prompts], sampler, n=1, seeds=seeds, record=self.record)
         examples = [p.example for p in prompts]
         final = score(ro.completion_ids, examples, ro.stop_token_ids)
         x0, valid = ro.trajectory.x0, ro.trajectory.valid.bool()

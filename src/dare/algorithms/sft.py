@@ -77,6 +77,12 @@ class SFTConfig(AlgorithmConfig):
     # visible), two forwards whose masked tokens all count. Its recipe: weighting uniform, normalize masked_tokens.
     t_per_block: bool = False
     complementary: bool = False
+    # Nemotron-Labs-Diffusion's ``block_diff`` paradigm (bidirectional models): the one-pass ``[x_t ; x_0]`` input with
+    # blocks of this size -- a noisy block sees itself and the earlier clean blocks, the clean half is token-causal --
+    # and ``ar_loss_weight`` times the clean half's next-token cross-entropy (every next-token pair of a document, its
+    # mean over them) beside the diffusion loss. None: off. Nemotron's published config: block_size 32, ar_loss_weight 1.
+    block_diff: Optional[int] = None
+    ar_loss_weight: float = 1.0
 
     def __post_init__(self):
         if not 0.0 <= self.t_min < self.t_max <= 1.0:
@@ -93,6 +99,8 @@ class SFTConfig(AlgorithmConfig):
             raise ValueError("keep_weight scores the tokens the editing stream left unchanged: it needs edit_ratio > 0")
         if self.edit_ratio > 0 and self.weighting == "cart":
             raise ValueError("edit_ratio needs weighting scheduler or uniform (cart weights only masked positions)")
+        if self.block_diff is not None and (self.block_diff < 1 or self.ar_loss_weight < 0):
+            raise ValueError(f"need block_diff >= 1 and ar_loss_weight >= 0, got {self.block_diff}, {self.ar_loss_weight}")
         if self.complementary and (self.weighting != "uniform" or self.edit_ratio > 0):
             raise ValueError("complementary (Fast-dLLM v2's mask pairs) needs weighting uniform and no edit_ratio: "
                              "the complement masks each token with probability 1 - t, so 1/t weights do not fit it")
@@ -148,6 +156,10 @@ class SFT(Algorithm):
         if (cfg.t_per_block or cfg.complementary) and not ctx.adapter.is_block_causal:
             raise ValueError("t_per_block and complementary are Fast-dLLM v2's training noise for block-diffusion "
                              f"models; {ctx.adapter.family} is not one")
+        if cfg.block_diff is not None and (ctx.adapter.attention != "bidirectional" or ctx.adapter.shift_logits):
+            raise ValueError(f"block_diff (Nemotron-Labs-Diffusion's paradigm) trains a bidirectional model with "
+                             f"unshifted logits on [x_t ; x_0]; {ctx.adapter.family} is not one (block models train "
+                             f"[x_t ; x_0] already)")
         # the complementary view's scored tokens and weights (its tokens weigh what the first view's would)
         complement = torch.zeros(ids.shape, dtype=torch.bool) if cfg.complementary else None
         complement_weight = torch.zeros(ids.shape, dtype=torch.float32) if cfg.complementary else None
@@ -196,6 +208,8 @@ class SFT(Algorithm):
             return [self._canvas_view(ctx, batch, iteration, noisy.to(dev), weight, t_tok.to(dev))]
         noisy = apply_mask(noisy.to(dev) if cfg.edit_ratio > 0 else ids, masked, ctx.adapter.mask_token_id)
         masked = masked | edited.to(dev)  # the edited (and kept) tokens are scored too, at their own weight
+        if cfg.block_diff is not None:
+            return [self._block_diff_view(noisy, ids, pos, docs, masked, weight, t_tok.to(dev))]
         if ctx.adapter.is_block_causal:
             input_ids, layout = block_diffusion_inputs(noisy, ids, pos)
         else:
@@ -209,6 +223,25 @@ class SFT(Algorithm):
             views.append(View(other, complement, ids, complement_weight.to(dev), layout=other_layout,
                               info={"t": (1 - t_tok).to(dev)}))
         return views
+
+    def _block_diff_view(self, noisy, ids, pos, docs, masked, weight, t_tok) -> View:
+        """Nemotron's ``block_diff`` view: ``[x_t ; x_0]`` with a token-causal clean half; the first half scores the
+        masked tokens, the second every next-token pair of a document (weight 1, label the next token)."""
+        input_ids, layout = block_diffusion_inputs(noisy, ids, pos, clean_causal=True, block_size=self.config.block_diff)
+        docs = docs.to(ids.device)
+        pair = torch.zeros_like(masked)
+        pair[:, :-1] = (docs[:, :-1] == docs[:, 1:]) & (docs[:, :-1] >= 0)
+        nxt = torch.zeros_like(ids)
+        nxt[:, :-1] = ids[:, 1:]
+        return View(input_ids, torch.cat([masked, pair], 1), torch.cat([ids, nxt], 1),
+                    torch.cat([weight, pair.float()], 1), layout=layout, info={"t": t_tok})
+
+    def _ar_split(self, view: View) -> int:
+        """The view's scored columns ``[:n]`` / ``[n:]`` split between the autoregressive and the diffusion term:
+        (n, AR first) -- an encoder-decoder's encoder rows lead, ``block_diff``'s clean half trails (negative n)."""
+        if self.config.block_diff is not None:
+            return -(view.targets.shape[1] // 2)
+        return getattr(view.layout, "enc_len", 0)
 
     def _canvas_view(self, ctx: StepContext, batch: Batch, iteration: int, noisy, weight, t_tok) -> View:
         """The encoder / canvas view of packed rows (uniform-noise encoder-decoder models)."""
@@ -226,22 +259,31 @@ class SFT(Algorithm):
         out = {"docs": float(n_docs), "answer_tokens": float(batch["answer_mask"].sum()), "samples": float(batch.size)}
         if batch.views:
             views = batch.views[0]
-            enc = [getattr(v.layout, "enc_len", 0) for v in views]
-            out["masked_tokens"] = float(sum(v.targets[:, n:].sum() for v, n in zip(views, enc)))
-            out["ar_tokens"] = float(sum(v.targets[:, :n].sum() for v, n in zip(views, enc)))
+            parts = [_columns(v.targets, self._ar_split(v)) for v in views]
+            out["masked_tokens"] = float(sum(d.sum() for d, _ in parts))
+            out["ar_tokens"] = float(sum(a.sum() for _, a in parts))
         return out
 
     def loss(self, ctx: StepContext, batch: Batch, current: LogLik, iteration: int):
         key = {"answer_length": "docs", "answer_tokens": "answer_tokens", "masked_tokens": "masked_tokens"}[self.config.normalize]
         view = batch.views[iteration][0]
-        n_enc = getattr(view.layout, "enc_len", 0)  # encoder-decoder: the first n_enc columns are the encoder's AR rows
-        value = current.value
-        diffusion = -value[:, n_enc:].sum() / max(ctx.norms[key], 1.0)
+        split = self._ar_split(view)  # the autoregressive columns: an encoder's rows, block_diff's clean half
+        value, ar_value = _columns(current.value, split)
+        diffusion = -value.sum() / max(ctx.norms[key], 1.0)
         loss = diffusion
-        targets = view.targets[:, n_enc:]
+        targets, _ = _columns(view.targets, split)
         metrics = {"masked_frac": float(targets.sum()) / max(ctx.norms["answer_tokens"], 1.0)}
-        if n_enc:
-            ar = -value[:, :n_enc].sum() / max(ctx.norms.get("ar_tokens", 0.0), 1.0)
-            loss = diffusion + self.config.encoder_loss_weight * ar
+        if split:
+            ar = -ar_value.sum() / max(ctx.norms.get("ar_tokens", 0.0), 1.0)
+            weight = self.config.ar_loss_weight if self.config.block_diff is not None else self.config.encoder_loss_weight
+            loss = diffusion + weight * ar
             metrics.update({"diffusion_loss": float(diffusion.detach()), "ar_loss": float(ar.detach())})
         return loss, metrics
+
+
+def _columns(t: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(diffusion columns, autoregressive columns) of ``t [B, W]`` for ``SFT._ar_split``'s ``split``: the AR columns
+    lead (``split > 0``), trail (``split < 0``) or are none (0)."""
+    if split >= 0:
+        return t[:, split:], t[:, :split]
+    return t[:, :split], t[:, split:]

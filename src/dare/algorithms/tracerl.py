@@ -17,7 +17,6 @@ per-view backward.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
@@ -25,7 +24,7 @@ import torch
 
 from .base import Companion, StepContext
 from .batch import Advantages, RLBatch, concat_rows
-from .common.replay import ReplayAlgorithm, ReplayConfig, ReplayPlan, per_round_counts
+from .common.replay import ReplayAlgorithm, ReplayConfig, per_round_counts
 from .common.scoring import backward_each_view
 from .grpo import AdvantageMode
 from .losses import clipped_value_loss
@@ -35,9 +34,10 @@ from .value import ValueModel, trace_returns_advantages, view_values
 
 
 @dataclass
-class ValueReplayPlan(ReplayPlan):
-    """The replay plan with the value model's old values ``[B, Lc]`` of every target (``score_companions``)."""
-    old_values: Optional[torch.Tensor] = None
+class OldValues:
+    """``batch.frozen`` with the value model: its values ``values [B, Lc]`` of every target before any update, each
+    read in the target's own replay view (``score_frozen``)."""
+    values: torch.Tensor
 
 
 @dataclass
@@ -113,23 +113,21 @@ class TraceRL(ReplayAlgorithm):
             raise ValueError("algorithm.value_model: true needs the trainer's value model (ctx.companions['value'])")
         return ctx.companions["value"]
 
-    def prepare(self, ctx: StepContext, batch: RLBatch) -> ReplayPlan:
-        plan = super().prepare(ctx, batch)
-        return ValueReplayPlan(**vars(plan)) if self.config.value_model else plan
+    @property
+    def frozen_models(self) -> tuple[str, ...]:  # the value model's old values, before its update
+        return ("value",) if self.config.value_model else ()
 
-    @torch.no_grad()
-    def score_companions(self, ctx: StepContext, batch: RLBatch, micro_batch_size: int) -> Optional[ValueReplayPlan]:
+    def score_frozen(self, ctx: StepContext, batch: RLBatch, lend, micro_batch_size: int) -> OldValues:
         """Old values ``[B, Lc]``: each target's value in its own replay view, before any update."""
-        if not self.config.value_model:
-            return None
-        vm, parts = self._value_model(ctx), []
-        for mb in batch.split(micro_batch_size):
-            values = torch.zeros(mb.completion_ids.shape, device=mb.completion_ids.device)
-            for r, view in enumerate(mb.views[0]):
-                own = mb.state.round == r
-                values = torch.where(own, view_values(vm, view).to(values.device), values)
-            parts.append(values)
-        return dataclasses.replace(batch.state, old_values=concat_rows(parts))
+        parts = []
+        with lend("value") as vm:
+            for mb in batch.split(micro_batch_size):
+                values = torch.zeros(mb.completion_ids.shape, device=mb.completion_ids.device)
+                for r, view in enumerate(mb.views[0]):
+                    own = mb.state.round == r
+                    values = torch.where(own, view_values(vm, view).to(values.device), values)
+                parts.append(values)
+        return OldValues(concat_rows(parts))
 
     def advantages(self, ctx: StepContext, batch: RLBatch) -> Advantages:
         base = super().advantages(ctx, batch)  # the group z-scored (outcome) rewards
@@ -138,7 +136,7 @@ class TraceRL(ReplayAlgorithm):
             return base
         plan = batch.state
         steps = torch.where(self.targets(batch, base.active), plan.transition, torch.full_like(plan.transition, -1))
-        returns, adv = trace_returns_advantages(base.values, plan.old_values, steps, cfg.value_gamma, cfg.value_lambda)
+        returns, adv = trace_returns_advantages(base.values, batch.frozen.values, steps, cfg.value_gamma, cfg.value_lambda)
         return ValueAdvantages(adv, base.active, returns)
 
     def backward(self, ctx: StepContext, model, batch: RLBatch, iteration: int, loss_scale: float = 1.0) -> dict[str, float]:
@@ -152,7 +150,7 @@ class TraceRL(ReplayAlgorithm):
         targets): the clipped value loss of every target, weighted like the surrogate."""
         weight, _ = self.token_weights(ctx, batch)
         sel = self.targets(batch) if select is None else self.targets(batch) & select
-        old = batch.state.old_values.to(values.device)
+        old = batch.frozen.values.to(values.device)
         per_tok, clipped = clipped_value_loss(torch.where(sel, values, old), old,
                                               batch.advantages.returns.to(values.device), self.config.value_clip)
         n = max(ctx.norms.get("targets", 0.0), 1.0)

@@ -59,12 +59,14 @@ def cart_weights(masked: torch.Tensor, clean: torch.Tensor, geo_p: float = 0.3) 
 
 
 def block_diffusion_inputs(noisy: torch.Tensor, clean: torch.Tensor, position_ids: torch.Tensor,
-                           valid: Optional[torch.Tensor] = None, packed: bool = True):
-    """The one-pass ``[x_t ; x_0]`` input (length 2L) and its attention layout (SDAR / LLaDA2 training).
+                           valid: Optional[torch.Tensor] = None, packed: bool = True, clean_causal: bool = False,
+                           block_size: Optional[int] = None):
+    """The one-pass ``[x_t ; x_0]`` input (length 2L) and its attention layout (SDAR / LLaDA2 training; with
+    ``clean_causal`` and the layout's own ``block_size``, Nemotron-Labs-Diffusion's ``block_diff``).
 
     Logits for the noisy tokens are read from the first half. ``packed`` treats every restart of the position
     ids as a new document (no attention across documents).
     """
     doc = attn_masks.doc_ids_from_positions(position_ids) if packed else None
-    layout = attn_masks.block_diffusion_layout(position_ids, doc, valid)
+    layout = attn_masks.block_diffusion_layout(position_ids, doc, valid, clean_causal, block_size)
     return torch.cat([noisy, clean], dim=1), layout

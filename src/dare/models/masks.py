@@ -4,7 +4,9 @@ Every mask this project needs is one rule over four per-token tensors:
 
 * ``doc``   document id (packed rows hold several documents; no attention across documents),
 * ``pos``   position id (RoPE position; block index = pos // block_size, counted from absolute position 0),
-* ``seg``   0 for a noisy copy, 1 for a clean copy (the block-diffusion ``[x_t ; x_0]`` training layout),
+* ``seg``   0 for a noisy copy, 1 for a clean copy (the block-diffusion ``[x_t ; x_0]`` training layout), 2 for a
+  clean copy that is token-causal (Nemotron-Labs-Diffusion's ``block_diff`` paradigm: its clean half is trained as
+  an autoregressive model),
 * ``valid`` False for padding keys.
 
 ``allowed(q, k)`` is::
@@ -13,12 +15,15 @@ Every mask this project needs is one rule over four per-token tensors:
         (noisy q, noisy k) -> same block                 # BD: a noisy block sees only itself
         (noisy q, clean k) -> block(k) <  block(q)       # OBC: noisy block b sees clean blocks < b
         (clean q, clean k) -> block(k) <= block(q)       # BC: the clean copy is block-causal
+        (causal clean q, clean k) -> pos(k) <= pos(q)    # the token-causal clean copy (seg 2)
         (clean q, noisy k) -> never )
 
 With ``block_size=None`` every document is one block, so an all-clean layout gives full bidirectional
 attention (LLaDA, Dream), an all-clean layout with a block size gives SDAR/LLaDA2 block-causal attention,
-and a ``[noisy ; clean]`` layout gives the block-diffusion training mask. The same rule becomes a dense
-bool tensor (SDPA; CPU training) or a FlexAttention ``BlockMask`` (GPU training).
+and a ``[noisy ; clean]`` layout gives the block-diffusion training mask. A layout may carry its own block size
+(``TokenLayout.block_size``: a bidirectional model trained with blocks, Nemotron's ``block_diff``); the model's
+applies otherwise. The same rule becomes a dense bool tensor (SDPA; CPU training) or a FlexAttention ``BlockMask``
+(GPU training).
 """
 from __future__ import annotations
 
@@ -32,8 +37,9 @@ import torch
 class TokenLayout:
     doc: torch.Tensor  # [B, L] int
     pos: torch.Tensor  # [B, L] long
-    seg: torch.Tensor  # [B, L] int (0 noisy, 1 clean)
+    seg: torch.Tensor  # [B, L] int (0 noisy, 1 clean, 2 clean and token-causal)
     valid: torch.Tensor  # [B, L] bool
+    block_size: Optional[int] = None  # the rule's block size for this layout (None: the model's own)
 
     @property
     def shape(self):
@@ -50,17 +56,20 @@ class TokenLayout:
         )
 
     def slice(self, start: int, end: Optional[int] = None) -> "TokenLayout":
-        return TokenLayout(self.doc[:, start:end], self.pos[:, start:end], self.seg[:, start:end], self.valid[:, start:end])
+        return TokenLayout(self.doc[:, start:end], self.pos[:, start:end], self.seg[:, start:end], self.valid[:, start:end],
+                           self.block_size)
 
     @staticmethod
     def cat(parts: list["TokenLayout"]) -> "TokenLayout":
         """Side by side along the sequence (one row's segments)."""
-        return TokenLayout(*(torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("doc", "pos", "seg", "valid")))
+        return TokenLayout(*(torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("doc", "pos", "seg", "valid")),
+                           parts[0].block_size)
 
     @staticmethod
     def cat_batch(parts: list["TokenLayout"]) -> "TokenLayout":
         """One batch of the rows of ``parts`` (same length)."""
-        return TokenLayout(*(torch.cat([getattr(p, f) for p in parts], dim=0) for f in ("doc", "pos", "seg", "valid")))
+        return TokenLayout(*(torch.cat([getattr(p, f) for p in parts], dim=0) for f in ("doc", "pos", "seg", "valid")),
+                           parts[0].block_size)
 
 
 def allowed(q_doc, q_pos, q_seg, k_doc, k_pos, k_seg, k_valid, block_size: Optional[int]):
@@ -77,7 +86,7 @@ def allowed(q_doc, q_pos, q_seg, k_doc, k_pos, k_seg, k_valid, block_size: Optio
     rule = torch.where(
         q_noisy,
         torch.where(k_noisy, q_blk == k_blk, k_blk < q_blk),
-        (~k_noisy) & (k_blk <= q_blk),
+        (~k_noisy) & torch.where(q_seg == 2, k_pos <= q_pos, k_blk <= q_blk),
     )
     return same_doc & rule
 
@@ -104,11 +113,15 @@ def flex_block_mask(q: TokenLayout, k: TokenLayout, block_size: Optional[int], d
     return create_block_mask(mask_mod, B, None, Lq, Lk, device=device or q.pos.device)
 
 
-def block_diffusion_layout(pos: torch.Tensor, doc: Optional[torch.Tensor] = None, valid: Optional[torch.Tensor] = None) -> TokenLayout:
-    """Layout of the one-pass ``[x_t ; x_0]`` input (length 2L): positions repeated, noisy half then clean half."""
+def block_diffusion_layout(pos: torch.Tensor, doc: Optional[torch.Tensor] = None, valid: Optional[torch.Tensor] = None,
+                           clean_causal: bool = False, block_size: Optional[int] = None) -> TokenLayout:
+    """Layout of the one-pass ``[x_t ; x_0]`` input (length 2L): positions repeated, noisy half then clean half
+    (``clean_causal``: the clean half token-causal, seg 2; ``block_size``: the layout's own, else the model's)."""
     base = TokenLayout.plain(pos, valid, doc)
-    noisy = TokenLayout(base.doc, base.pos, torch.zeros_like(base.seg), base.valid)
-    return TokenLayout.cat([noisy, base])
+    noisy = TokenLayout(base.doc, base.pos, torch.zeros_like(base.seg), base.valid, block_size)
+    clean = TokenLayout(base.doc, base.pos, torch.full_like(base.seg, 2) if clean_causal else base.seg, base.valid,
+                        block_size)
+    return TokenLayout.cat([noisy, clean])
 
 
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

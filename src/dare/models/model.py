@@ -139,7 +139,7 @@ class DiffusionLM(nn.Module):
 
     # --- masks -----------------------------------------------------------------------------------
     def _layout_inputs(self, layout: masks.TokenLayout, x: torch.Tensor) -> AttnInputs:
-        block = self.adapter.attn_block_size
+        block = layout.block_size if layout.block_size is not None else self.adapter.attn_block_size
         backend = self.attn_backend
         on_gpu = x.is_cuda
         all_clean_bidir = block is None and bool((layout.seg == 1).all()) and bool(layout.valid.all())

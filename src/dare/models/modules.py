@@ -5,14 +5,13 @@ group-limited routing. Module and parameter names follow Hugging Face Llama/Qwen
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import math
 
 from .arch import ModelArch, MoESpec, RopeScaling
 from .cache import KVCache
@@ -59,10 +58,11 @@ class RotaryEmbedding(nn.Module):
                  scaling: Optional[RopeScaling] = None):
         super().__init__()
         exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
-        self.inv_freq = 1.0 / (theta ** exponent)  # built on CPU even under a meta-device context
+        pos_freqs = theta ** exponent  # built on CPU even under a meta-device context
+        self.inv_freq = 1.0 / pos_freqs
         self.attention_factor = 1.0
         if scaling is not None:
-            self.inv_freq = yarn_inv_freq(theta ** exponent, rotary_dim, theta, scaling)
+            self.inv_freq = yarn_inv_freq(pos_freqs, rotary_dim, theta, scaling)
             self.attention_factor = scaling.attention_factor
         self.follow_dtype = follow_dtype
         self._tables: dict = {}

@@ -92,7 +92,7 @@ def split_sequence(sp: SequenceGroup, input_ids, attention_mask=None, position_i
                              f"cannot be padded (pass a 2-D mask or a layout, or a length divisible by {sp.size})")
         if layout is not None:
             layout = type(layout)(pad_end(layout.doc, pad, -1), pad_end(layout.pos, pad, 0),
-                                  pad_end(layout.seg, pad, 1), pad_end(layout.valid, pad, False))
+                                  pad_end(layout.seg, pad, 1), pad_end(layout.valid, pad, False), layout.block_size)
         else:
             if attention_mask is None:
                 attention_mask = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)

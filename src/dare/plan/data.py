@@ -139,10 +139,10 @@ class SimulatedRollout(RolloutStage):
 
     def _probe_config(self, sampler):
         # Pausing is refused with per-block state it cannot carry over; none of it changes a forward's shape.
-        return dataclasses.replace(sampler, record_trajectory=False, record_entropy=False, rcr=False,
-                                   editing_threshold=None)
+        # The probe records nothing (pausing refuses records too): no recorded plan counted a record's work.
+        return dataclasses.replace(sampler, rcr=False, editing_threshold=None)
 
-    def decode(self, prompts, seeds, model, sampler, hints=None):
+    def decode(self, prompts, seeds, model, sampler, hints=None, record=None):
         # Inpainting hints (IGPO's second round) fix tokens without changing a forward's shape: planned as plain.
         from ..collectives import gathered_for_inference
         if model.adapter.is_encoder_decoder:
@@ -154,15 +154,15 @@ class SimulatedRollout(RolloutStage):
                 sim.assume("rollout: the canvas sampler cannot pause, so its decoding forwards are not planned "
                            "(the rollout phase is the gathered weights only: a lower bound)")
             with gathered_for_inference(model), real_data():
-                return self._completed(prompts, model, sampler)
+                return self._completed(prompts, model, sampler, record=record)
         start, stop = rollout_share(len(seeds), self.env.sequence_group())  # a sequence-parallel group splits them
         self._probe(prompts["prompt_tokens"][start:stop], seeds[start:stop], model, sampler, self.group)
         with real_data():
-            out = self._completed(prompts, model, sampler)
+            out = self._completed(prompts, model, sampler, record=record)
         self.handed_rows += out.completion_ids.shape[0]
         return out
 
-    def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None):
+    def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None, record=None):
         """Another decode a method asks for (``Services.generate``: d-OPSD's pass@k retries, MDPO's ICFW curation):
         its first steps run at the requested width for the peak (not recorded as the rollout's probe), its rows are
         counted as extra rows of the step's decode (``extra_rows``: the planner adds their share of the rollout's
@@ -173,13 +173,13 @@ class SimulatedRollout(RolloutStage):
                 prompt_tokens = [row[m].tolist() for row, m in zip(prompt_tokens, mask)]
         rows = list(prompt_tokens)
         if rows and not model.adapter.is_encoder_decoder:
-            self._probe(rows, list(seeds), model, sampler, n, record=False)
+            self._probe(rows, list(seeds), model, sampler, n, counted=False)
         self.extra_rows += len(rows) * n
         with real_data():
-            return self._completed({"prompt_tokens": rows}, model, sampler, len(rows), n)
+            return self._completed({"prompt_tokens": rows}, model, sampler, len(rows), n, record=record)
 
-    def _probe(self, prompt_tokens, seeds, model, sampler, width: int, record: bool = True):
-        """The decode's first steps on one ``rollout.micro_batch_size`` chunk, ``width`` rows per prompt (``record``:
+    def _probe(self, prompt_tokens, seeds, model, sampler, width: int, counted: bool = True):
+        """The decode's first steps on one ``rollout.micro_batch_size`` chunk, ``width`` rows per prompt (``counted``:
         as the rollout's probe, whose FLOPs the planner scales to the whole decode)."""
         from ..collectives import gathered_for_inference
         from ..rollout import generate
@@ -192,7 +192,7 @@ class SimulatedRollout(RolloutStage):
             probe, steps, self.step_share = _with_steps_per_block(probe, model.adapter)
         with gathered_for_inference(model):
             for n_steps in steps:
-                with self.on_probe(n_steps) if record else contextlib.nullcontext():
+                with self.on_probe(n_steps) if counted else contextlib.nullcontext():
                     generate(model, prompt_tokens[:chunk], probe, n=width, seeds=seeds[:chunk], until_step=n_steps)
 
     def decode_tree(self, prompt_tokens, seeds, model, sampler, branching, cut_steps):
@@ -236,8 +236,9 @@ class SimulatedRollout(RolloutStage):
                 parents.append(level.prompt_index if k == 0 else torch.arange(take * per_prompt) // branching[k])
             return TreeRollout(levels, parents, list(cut_steps), list(branching))
 
-    def _completed(self, prompts, model, sampler, kept=None, group=None):
-        """A finished rollout of the kept prompts: every completion ``gen_length`` ordinary tokens."""
+    def _completed(self, prompts, model, sampler, kept=None, group=None, record=None):
+        """A finished rollout of the kept prompts: every completion ``gen_length`` ordinary tokens, with the records
+        ``record`` asks for."""
         from ..rollout.result import Rollout
         kept, group = kept or self.kept, group or self.group
         ids = torch.tensor(prompts["prompt_tokens"][:kept], dtype=torch.long).repeat_interleave(group, 0)
@@ -247,9 +248,9 @@ class SimulatedRollout(RolloutStage):
         stop = model.adapter.eos_token_id if model.adapter.eos_token_id is not None else model.adapter.pad_token_id
         blocks, spb = schedule(sampler, model.adapter)
         steps_total = blocks * spb
-        trajectory = self._trajectory(comp, steps_total, model) if sampler.record_trajectory else None
+        trajectory = self._trajectory(comp, steps_total, model) if record is not None and record.trajectory else None
         # Distinct entropies per position, so an entropy-ranked step selection (EGSPO) picks as many steps as real.
-        entropy = torch.linspace(2.0, 0.1, G).repeat(N, 1) if sampler.record_entropy else None
+        entropy = torch.linspace(2.0, 0.1, G).repeat(N, 1) if record is not None and record.entropy else None
         return Rollout(sequences=torch.cat([ids, comp], 1), attention_mask=torch.ones(N, P + G, dtype=torch.long),
                        prompt_length=P, completion_ids=comp, completion_mask=torch.ones(N, G, dtype=torch.long),
                        step_map=(torch.arange(G) * steps_total // G).repeat(N, 1), nfe=steps_total,

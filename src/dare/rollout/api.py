@@ -21,7 +21,7 @@ import torch
 from ..models import lean
 from .block import block_schedule, build_block_state, run_block
 from .canvas import build_canvas_state, check_canvas_config, run_canvas
-from .config import SamplerConfig
+from .config import Record, SamplerConfig
 from .masked import build_masked_state, masked_blocks, masked_steps, run_masked
 from .result import Rollout
 from .selection import REMASKINGS
@@ -90,10 +90,10 @@ def steps_per_block(model, config: SamplerConfig) -> int:
     return masked_steps(config)[1]
 
 
-def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resuming: bool):
+def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resuming: bool, record: Record = Record()):
     if until_step is None and not resuming:
         return None
-    for name, bad in (("record_trajectory", config.record_trajectory), ("record_entropy", config.record_entropy),
+    for name, bad in (("recording a trajectory", record.trajectory), ("recording entropies", record.entropy),
                       ("rcr", config.rcr), ("speculative", config.speculative),
                       ("editing_threshold", config.editing)):
         if bad:
@@ -110,7 +110,8 @@ def _pause_point(model, config: SamplerConfig, until_step: Optional[int], resumi
 @torch.no_grad()
 def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None, generator: Optional[torch.Generator] = None,
              n: int = 1, seeds: Optional[Sequence[int]] = None, attention_mask: Optional[torch.Tensor] = None,
-             until_step: Optional[int] = None, hints: Optional[torch.Tensor] = None) -> Rollout:
+             until_step: Optional[int] = None, hints: Optional[torch.Tensor] = None,
+             record: Optional[Record] = None) -> Rollout:
     """Decode ``n`` samples of every prompt (token-id lists, or a padded tensor + ``attention_mask``).
 
     Sample j of prompt i draws from its own generator seeded by (seeds[i] or a seed derived from
@@ -119,13 +120,16 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
     the decode where the schedule reaches that step (block ``until_step // steps_per_block``, its step
     ``until_step % steps_per_block``; rows decode blocks in lock step, so every row pauses at the same point):
     the rollout is partial and ``resume`` continues it. ``hints [num_prompts * n, gen_length]``: tokens fixed in
-    each sample's completion before decoding (-1: none; see the module docstring).
+    each sample's completion before decoding (-1: none; see the module docstring). ``record``: what the rollout
+    records besides its completions (``Record``: the trajectory, the commit entropies; default nothing).
     """
     config = config or SamplerConfig()
+    record = record or Record()
     if n < 1:
         raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
     check_config(model, config)
-    pause = _pause_point(model, config, until_step, resuming=False)
+    record.check(config)
+    pause = _pause_point(model, config, until_step, resuming=False, record=record)
     adapter = model.adapter
     device = model.device
     batch = make_prompt_batch(prompts, attention_mask, _special_ids(adapter, config, device)[2], device)
@@ -139,7 +143,7 @@ def generate(model, prompts: PromptsLike, config: Optional[SamplerConfig] = None
         hints = _check_hints(hints, adapter, num_prompts * n, config.gen_length, device)
     batch, prompt_index = expand_prompts(batch, n)
     gens, sample_seeds = (sample_generators(num_prompts, n, generator, seeds, device) if _needs_random(config, adapter) else (None, None))
-    return _decode(model, config, batch, prompt_index, n, gens, sample_seeds, pause, hints=hints)
+    return _decode(model, config, batch, prompt_index, n, gens, sample_seeds, pause, hints=hints, record=record)
 
 
 def _check_hints(hints: torch.Tensor, adapter, rows: int, gen_length: int, device) -> torch.Tensor:
@@ -202,18 +206,21 @@ def _special_ids(adapter, config: SamplerConfig, device):
 
 
 def _decode(model, config: SamplerConfig, batch: PromptBatch, prompt_index, n: int, gens, seeds, pause,
-            partial=None, hints: Optional[torch.Tensor] = None) -> Rollout:
+            partial=None, hints: Optional[torch.Tensor] = None, record: Record = Record()) -> Rollout:
     adapter = model.adapter
     stop_ids, fill_id, pad_id = _special_ids(adapter, config, batch.ids.device)
     if adapter.is_encoder_decoder:
-        st = build_canvas_state(batch, config, stop_ids, gens, config.record_trajectory)
+        if record.entropy:
+            raise ValueError("recording entropies: the uniform-noise canvas sampler commits no tokens (it accepts by "
+                             "entropy_bound and re-noises the rest)")
+        st = build_canvas_state(batch, config, stop_ids, gens, record.trajectory)
     elif adapter.is_block_causal:
-        st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, config.record_trajectory)
+        st = build_block_state(batch, config, adapter.mask_token_id, pad_id, stop_ids, gens, record.trajectory)
     else:
-        st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, config.record_trajectory)
+        st = build_masked_state(batch, config, adapter.mask_token_id, stop_ids, gens, record.trajectory)
     if hints is not None:
         st.place_hints(hints)
-    if config.record_entropy:
+    if record.entropy:
         st.entropy_map = torch.zeros(st.x.shape, dtype=torch.float32, device=st.x.device)
     if partial is not None:
         src, row_index = partial

@@ -53,7 +53,7 @@ def check_canvas_config(cfg: SamplerConfig) -> None:
            ("editing_threshold", cfg.editing), ("rcr", cfg.rcr), ("cfg_scale", cfg.cfg_scale > 0),
            ("alg_temp", bool(cfg.alg_temp)), ("eoser", cfg.eoser), ("schedule", cfg.schedule != "even"),
            ("eos_early_stop", cfg.eos_early_stop), ("remasking", cfg.remasking != "low_confidence"),
-           ("suppress_eos_confidence", cfg.suppress_eos_confidence), ("record_entropy", cfg.record_entropy),
+           ("suppress_eos_confidence", cfg.suppress_eos_confidence),
            ("sub_block_length", cfg.sub_block_length is not None)]
     names = [n for n, b in bad if b]
     if names:

@@ -44,11 +44,6 @@ class SamplerConfig:
     eos_early_stop: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     suppress_eos_confidence: bool = False
-    record_trajectory: bool = False
-    # Record, for every committed token, the entropy (nats) of the model's own predictive distribution it was
-    # committed from: softmax of the step's logits at temperature 1, before top-k / top-p (``Rollout.entropy_map``;
-    # EGSPO picks its training steps by it). Masked and block samplers without re-masking or editing.
-    record_entropy: bool = False
     # --- additions (see docs/samplers.md) ---------------------------------------------------------
     # After each finished block, finish rows whose completion already holds a stop token. This never
     # changes a completion (finished blocks are final); False decodes every block like the LLaDA/Dream
@@ -175,9 +170,6 @@ class SamplerConfig:
             raise ValueError("rcr (running-confidence remasking) needs the fixed step schedule: unset threshold, factor and editing_threshold")
         if self.rcr and self.eos_early_stop:
             raise ValueError("rcr can re-mask committed tokens, so eos_early_stop cannot be used with it")
-        if self.record_entropy and (self.rcr or self.editing_threshold is not None):
-            raise ValueError("record_entropy records one entropy per committed token; rcr and editing_threshold can "
-                             "re-mask or rewrite committed tokens")
         if self.editing_threshold is not None and self.threshold is None:
             raise ValueError("editing_threshold (LLaDA2.1 token editing) needs threshold (the mask-to-token threshold)")
         if self.editing_threshold is not None and (self.factor is not None or self.schedule != "even"):
@@ -185,10 +177,13 @@ class SamplerConfig:
         if self.any_order and (self.cache != "none" or self.cfg_scale > 0 or self.rcr or self.editing):
             raise ValueError("any_order decodes with its own attention mask every step: it needs cache='none', "
                              "cfg_scale=0 and no rcr / editing_threshold (a re-masked token would leave the decoding order)")
+        if self.rcr and self.cache == "causal":  # its first step would re-mask the seeded position
+            raise ValueError("rcr (running-confidence remasking) cannot be used with cache='causal': the seeded first "
+                             "token of a block has no running confidence")
         if self.speculative and (self.cache != "causal" or self.cfg_scale > 0 or self.rcr or self.any_order
-                                 or self.record_entropy or self.factor is not None or self.editing):
+                                 or self.factor is not None or self.editing):
             raise ValueError("speculative (linear speculative decoding) drafts against the causal cache: it needs "
-                             "cache='causal' and no cfg_scale, rcr, any_order, record_entropy, factor or editing")
+                             "cache='causal' and no cfg_scale, rcr, any_order, factor or editing")
         self._check_canvas_fields()
 
     def _check_canvas_fields(self) -> None:
@@ -214,3 +209,25 @@ class SamplerConfig:
     def parallel(self) -> bool:
         """True when the number of tokens per step is decided by confidences, not by the schedule."""
         return self.threshold is not None or self.factor is not None or self.editing
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a decode records besides its completions: a request of whoever reads the rollout (the method that trains
+    on it: ``Algorithm.record``), not a decoding setting, so it is no part of ``SamplerConfig``.
+
+    ``trajectory``: every step's state, prediction and confidences (``Rollout.trajectory``; MDPO).
+    ``entropy``: for every committed token, the entropy (nats) of the model's own predictive distribution it was
+    committed from: softmax of the step's logits at temperature 1, before top-k / top-p (``Rollout.entropy_map``;
+    EGSPO picks its training steps by it). Masked and block samplers without re-masking, editing or speculation."""
+    trajectory: bool = False
+    entropy: bool = False
+
+    def check(self, sampler: SamplerConfig) -> None:
+        """A clear error when ``sampler`` cannot record what is asked."""
+        if self.entropy and (sampler.rcr or sampler.editing_threshold is not None or sampler.speculative):
+            raise ValueError("recording entropies records one per committed token; rcr, editing_threshold and "
+                             "speculative decoding re-mask, rewrite or verify committed tokens")
+        if self.trajectory and sampler.speculative:
+            raise ValueError("recording a trajectory cannot be used with speculative decoding: its blocks are not "
+                             "denoising steps")

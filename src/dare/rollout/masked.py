@@ -288,9 +288,6 @@ def run_masked(model, st: DecodeState, cfg: SamplerConfig) -> None:
 def _seed(st, cfg, remask, rows, c0: int, c1: int, logits: torch.Tensor) -> None:
     """``cache='causal'``: the block's first position, where still masked, takes the next token predicted by the
     causal pass that stored what precedes it (logits [n, V]); a step of its own for the trajectory."""
-    if cfg.rcr:  # its first step would rank the seeded position by a confidence it never had, and re-mask it
-        raise ValueError("rcr (running-confidence remasking) cannot be used with cache='causal': the seeded first "
-                         "token of a block has no running confidence")
     if st.should_pause(int(c0 - st.gen_start[0]) // (c1 - c0), 0):  # a pause at the block's start: seeded on resume
         return
     cur = st.x[rows, c0:c1]

@@ -39,7 +39,7 @@ class Rollout:
     nfe: int  # model forward passes (one batched call = 1)
     prompt_index: torch.Tensor  # [N] input prompt of every row (samples of a prompt are adjacent)
     trajectory: Optional[Trajectory] = None
-    # [N, G] float: entropy of the distribution each token was committed from (0: never written); ``record_entropy``
+    # [N, G] float: entropy of the distribution each token was committed from (0: never written); ``Record.entropy``
     entropy_map: Optional[torch.Tensor] = None
     sample_index: Optional[torch.Tensor] = None  # [N] sample number within its prompt's group
     num_steps: Optional[torch.Tensor] = None  # [N] denoising steps each row took

@@ -196,7 +196,7 @@ def propose(logits: torch.Tensor, remask: Remasking, temperature: float, top_k, 
 
 def committed_entropy(logits: torch.Tensor, sel: torch.Tensor, eligible: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[R, L]`` fp32: the entropy (nats) of ``softmax(logits)`` -- the model's distribution at temperature 1, no
-    top-k / top-p -- at the committed positions ``sel [R, L]``, 0 elsewhere (``record_entropy``). ``logits`` are the
+    top-k / top-p -- at the committed positions ``sel [R, L]``, 0 elsewhere (``Record.entropy``). ``logits`` are the
     block's ``[R, L, V]``, or ``[n, V]`` packed over the ``eligible`` positions (``sel`` is a subset of them). Only
     the committed rows are evaluated: a few per step, so recording costs little next to the forward."""
     rows = logits[sel[eligible]] if logits.dim() == 2 else logits[sel]

@@ -27,7 +27,7 @@ from .state import DecodeState
 
 def run_linear_spec(model, st: DecodeState, cfg: SamplerConfig) -> None:
     if st.record:
-        raise ValueError("record_trajectory cannot be used with speculative decoding: its blocks are not denoising "
+        raise ValueError("a trajectory cannot be recorded with speculative decoding: its blocks are not denoising "
                          "steps of a schedule (a draft's tokens are replaced by the verify's)")
     for r in st.active().tolist():
         _decode_row(model, st, cfg, r)

@@ -105,7 +105,7 @@ class DecodeState:
     row_nfe: torch.Tensor = None
     finished: torch.Tensor = None  # [N] bool
     nfe: int = 0
-    entropy_map: Optional[torch.Tensor] = None  # [N, W] float32 when the sampler records entropies (``record_entropy``)
+    entropy_map: Optional[torch.Tensor] = None  # [N, W] float32 when the sampler records entropies (``Record.entropy``)
     _traj: list = field(default_factory=list)
     # Pause / resume (``generate(until_step=...)``, ``resume``): schedule points (block counted from the first
     # generated block, step within the block). Decoding starts at ``start`` and stops before ``pause``.

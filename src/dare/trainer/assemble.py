@@ -51,6 +51,7 @@ def assemble(recipe, env, algo, model: torch.nn.Module, placement: Optional[Plac
     algo.check_model(model.adapter)  # fail before any rollout when the method is undefined for this family
     sequence_parallel.check_model(model, env.sequence_parallel)
     if algo.uses_rollout:
+        algo.record.check(recipe.rollout.sampler)  # the sampler can record what the method reads
         algo.check_rollout(recipe.rollout.sampler, model.adapter)
     if recipe.lora.enabled:
         lc = recipe.lora
@@ -59,7 +60,7 @@ def assemble(recipe, env, algo, model: torch.nn.Module, placement: Optional[Plac
         model.gradient_checkpointing_enable()
     placement.place(model)
     reference = None
-    if algo.needs_reference or algo.frozen_model == "reference":  # copied before sharding, then sharded the same way
+    if algo.needs_reference or "reference" in algo.frozen_models:  # copied before sharding, then sharded the same way
         reference = build_reference(recipe.reference.mode, model, recipe.lora.enabled)
     sync_every = algo.reference_sync[0]
     if sync_every and reference is not None and not isinstance(reference, CopyReference):

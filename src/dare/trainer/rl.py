@@ -246,20 +246,22 @@ class RolloutStage:
                         rollout_metrics=self.metrics, all_reduce_sums=self.env.all_reduce_sums,
                         run_unit=self.run_unit)
 
-    def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None):
+    def generate(self, model, prompt_tokens, sampler, n: int, seeds: list[int], attention_mask=None, record=None):
         """One decode of ``prompt_tokens`` on this rank alone (``dare.rollout.generate``); the caller holds the
         weights gathered (``Services.gathered``)."""
         from ..rollout import generate
-        return generate(model, prompt_tokens, sampler, n=n, seeds=seeds, attention_mask=attention_mask)
+        return generate(model, prompt_tokens, sampler, n=n, seeds=seeds, attention_mask=attention_mask, record=record)
 
-    def decode(self, prompts: Batch, seeds: list[int], model, sampler, hints: Optional[torch.Tensor] = None):
+    def decode(self, prompts: Batch, seeds: list[int], model, sampler, hints: Optional[torch.Tensor] = None,
+               record=None):
         """(1) ``group_size`` completions of every prompt, ``rollout.micro_batch_size`` prompts per ``generate``.
 
         The ranks of a sequence-parallel group share their prompts: each decodes a contiguous 1/N of them and the
         group exchanges the rollouts, so every rank holds the whole batch (decoding is not sequence-parallel, and
         would otherwise be repeated N times). ``hints [prompts x group_size, gen_length]``: inpainting hints of every
-        sample (``dare.rollout.generate``). With no prompts it still joins the collectives (FSDP's weight gathering)
-        and returns None, so a rank with nothing to decode never leaves the others waiting."""
+        sample (``dare.rollout.generate``); ``record`` what the rollout records (``dare.rollout.Record``). With no
+        prompts it still joins the collectives (FSDP's weight gathering) and returns None, so a rank with nothing to
+        decode never leaves the others waiting."""
         from ..rollout import generate
         from ..collectives import gathered_for_inference
         sp = self.env.sequence_group()
@@ -271,7 +273,8 @@ class RolloutStage:
             return None if hints is None else hints[s * G:min(s + chunk, stop) * G]
         with gathered_for_inference(model):  # ranks decode different numbers of steps: no collectives inside
             parts = [generate(model, prompts["prompt_tokens"][s:min(s + chunk, stop)], sampler, n=G,
-                              seeds=seeds[s:min(s + chunk, stop)], hints=rows(s)) for s in range(start, stop, chunk)]
+                              seeds=seeds[s:min(s + chunk, stop)], hints=rows(s), record=record)
+                     for s in range(start, stop, chunk)]
         if sp is not None:
             parts = _gathered_in_group(parts, sp, self.env.device)
         if not parts:
@@ -286,12 +289,12 @@ class RolloutStage:
         with gathered_for_inference(model):
             return generate_tree(model, prompt_tokens, sampler, branching, cut_steps, seeds=seeds)
 
-    def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None) -> tuple[RLBatch, dict]:
-        """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's), (2) score
-        them; returns the RL batch."""
+    def collect(self, ctx: StepContext, prompts: Batch, model, sampler=None, record=None) -> tuple[RLBatch, dict]:
+        """(1) generate ``group_size`` completions per prompt (with ``sampler``, default the recipe's, recording
+        ``record``), (2) score them; returns the RL batch."""
         sampler = sampler or self.recipe.rollout.sampler
         t0 = time.perf_counter()
-        ro = self.decode(prompts, self.prompt_seeds(ctx, prompts), model, sampler)
+        ro = self.decode(prompts, self.prompt_seeds(ctx, prompts), model, sampler, record=record)
         t1 = time.perf_counter()
         prompt_of = ro.prompt_index.cpu()
         # Each sample's own copy of its example, with the rollout's numbers for rewards that read them (DiRL's speed).

@@ -41,24 +41,19 @@ def score_iterations(algo: Algorithm, ctx: StepContext, model, batch, micro_batc
 
 def prepare(algo: Algorithm, ctx: StepContext, batch, policy, reference=None, micro_batch_size: int = 1_000_000) -> None:
     """Stage (3): the method's per-batch state (``prepare``), every inner iteration's corruption drawn once (one
-    draw for all iterations when ``deterministic_views``), the method's own no-grad pass (``score_frozen``), the views
-    scored with the pre-update policy and the reference policy where the algorithm needs them, and with its companion
-    models. Results land in the
-    batch's ``state``, ``views``, ``old_logp``, ``ref_logp`` (and ``ref_views`` when the reference has its own noise)."""
+    draw for all iterations when ``deterministic_views``), the method's own no-grad passes with the models it borrows
+    (``score_frozen``), and the views scored with the pre-update policy and the reference policy where the algorithm
+    needs them. Results land in the batch's ``state``, ``views``, ``frozen``, ``old_logp``, ``ref_logp`` (and
+    ``ref_views`` when the reference has its own noise): one writer each."""
     n_it = algo.inner_iterations
-    state = algo.prepare(ctx, batch)
-    if state is not None:
-        batch.state = state
+    batch.state = algo.prepare(ctx, batch)
     if algo.deterministic_views:
         views = algo.corrupt(ctx, batch, 0)
         batch.views = {it: views for it in range(n_it)}
     else:
         batch.views = {it: algo.corrupt(ctx, batch, it) for it in range(n_it)}
-    if algo.frozen_model is not None:
-        with frozen_scoring(algo, policy, reference) as model:
-            state = algo.score_frozen(ctx, batch, model, micro_batch_size)
-        if state is not None:
-            batch.state = state
+    if algo.frozen_models:
+        batch.frozen = algo.score_frozen(ctx, batch, lender(algo, ctx, policy, reference), micro_batch_size)
     if algo.needs_old_logp:
         batch.old_logp = score_iterations(algo, ctx, policy, batch, micro_batch_size)
     if algo.needs_reference:
@@ -71,22 +66,27 @@ def prepare(algo: Algorithm, ctx: StepContext, batch, policy, reference=None, mi
             batch.ref_views = ref_views
         with reference.scoring() as ref_model:
             batch.ref_logp = score_iterations(algo, ctx, ref_model, batch, micro_batch_size, reference_views=not shared)
-    state = algo.score_companions(ctx, batch, micro_batch_size)
-    if state is not None:
-        batch.state = state
 
 
-def frozen_scoring(algo: Algorithm, policy, reference):
-    """The no-grad context lending the module ``algo.frozen_model`` names: the reference policy or the current one."""
-    if algo.frozen_model == "reference":
-        if reference is None:
-            raise ValueError(f"algorithm {algo.name!r} scores with the reference policy, but none is "
-                             f"configured (set reference.mode to 'copy' or, with LoRA, 'lora_disabled')")
-        return reference.scoring()
-    if algo.frozen_model == "policy":
-        return frozen(policy)
-    raise ValueError(f"algorithm {algo.name!r}: frozen_model must be 'reference', 'policy' or None, got "
-                     f"{algo.frozen_model!r}")
+def lender(algo: Algorithm, ctx: StepContext, policy, reference) -> Callable:
+    """``lend(name)``: the no-grad context lending a module ``algo.frozen_models`` names: the current policy, the
+    reference policy or a companion model (``ctx.companions``), each as it is before this step's updates."""
+    def lend(name: str):
+        if name not in algo.frozen_models:
+            raise ValueError(f"algorithm {algo.name!r} borrows {name!r}, which its frozen_models "
+                             f"{algo.frozen_models} does not name")
+        if name == "reference":
+            if reference is None:
+                raise ValueError(f"algorithm {algo.name!r} scores with the reference policy, but none is "
+                                 f"configured (set reference.mode to 'copy' or, with LoRA, 'lora_disabled')")
+            return reference.scoring()
+        if name == "policy":
+            return frozen(policy)
+        if name in ctx.companions:
+            return frozen(ctx.companions[name])
+        raise ValueError(f"algorithm {algo.name!r}: frozen_models names 'policy', 'reference' or a companion "
+                         f"({', '.join(sorted(ctx.companions)) or 'none built'}), got {name!r}")
+    return lend
 
 
 def update(algo: Algorithm, ctx: StepContext, model, batch, iteration: int, micro_batch_size: int,

@@ -9,7 +9,7 @@ and its logits are not shifted (row i predicts token i, as LLaDA's). The publish
 Its decoders also run the same weights causally (row i then predicts token i + 1; ``adapter.causal_mode``): the
 masked sampler's ``cache="causal"`` is its ``generate`` (and, with blocks of one token, ``ar_generate``),
 ``speculative=True`` its ``linear_spec_generate`` (docs/samplers.md). It trains as its published paradigm does
-(``dlm_paradigm: "bidirectional"``: LLaDA's NELBO); the ``block_diff`` paradigm's AR loss on a clean half is not here.
+(``dlm_paradigm: "bidirectional"``: LLaDA's NELBO), or as its ``block_diff`` paradigm with SFT's ``block_diff``.
 Reference: the Hub code of nvidia/Nemotron-Labs-Diffusion (``modeling_nemotron_labs_diffusion.py`` with its vendored
 ``modeling_ministral.py``); the fixture tests/assets/fixtures/nemotron-tiny was made by it
 (``scripts/make_nemotron_fixture.py`` says where each file came from).
