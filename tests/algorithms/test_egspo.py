@@ -226,7 +226,7 @@ def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="carries no entropy map"):
         algo.prepare(ctx, batch)
     assert algo.record == Record(entropy=True)  # what its rollouts record, asked by the method itself
-    assert build_algorithm(EGSPOConfig(step_selection="random")).record == Record()
+    assert build_algorithm(EGSPOConfig(step_selection="random")).record == Record(entropy=True)  # still logged
     _, sa, sa_ctx = setup(EGSPOSAConfig(), "sdar")
     with pytest.raises(ValueError, match="x0_hat"):  # the trainer's start-up check names why
         sa.check_model(sa_ctx.adapter)

@@ -132,6 +132,11 @@ def test_a_batch_is_built_from_a_rollout_and_takes_rows_of_another():
     theirs = {f.name for f in dataclasses.fields(Rollout)} | {"prompt_ids", "prompt_mask"}
     assert set(RLBatch.rollout_fields()) == theirs & {f.name for f in dataclasses.fields(RLBatch)}
     assert {"hint_mask", "entropy_map", "trajectory", "step_map"} <= set(RLBatch.rollout_fields())
+    plain = dataclasses.replace(second, hint_mask=None)  # a rollout without hints: the row holds none
+    batch.take_row(1, plain, 1, 0.0)
+    assert batch.hint_mask[1].tolist() == [False] * 4
+    with pytest.raises(ValueError, match="records entropy_map but the other rollout does not"):
+        batch.take_row(1, dataclasses.replace(second, entropy_map=None), 0, 0.0)
     with pytest.raises(ValueError, match="completion positions"):
         batch.take_row(0, dataclasses.replace(second, completion_ids=torch.zeros(2, 5, dtype=torch.long)), 0, 0.0)
 

@@ -72,3 +72,13 @@ def test_recording_entropies_rejects_samplers_that_rewrite_committed_tokens():
     with pytest.raises(ValueError, match="recording entropies"):  # pausing does not carry the map over
         generate(model, PROMPTS, SamplerConfig(gen_length=8, block_length=8, steps=8), until_step=2,
                  record=Record(entropy=True))
+
+
+def test_the_removed_sampler_keys_say_what_replaced_them():
+    """``record_trajectory`` / ``record_entropy`` left SamplerConfig for the method's ``record``: a recipe that still
+    sets them gets that said, not "unknown key"."""
+    from dare.config.core import ConfigError
+    from dare.trainer.recipe import load_recipe
+    for key in ("record_trajectory", "record_entropy"):
+        with pytest.raises(ConfigError, match=f"'rollout.sampler.{key}' was removed: .*its `record`"):
+            load_recipe("recipes/rl/mdpo.yaml", [f"rollout.sampler.{key}=true"])

@@ -165,9 +165,9 @@ class RLBatch(Rows):
     completion_mask: torch.Tensor  # [B, Lc] bool: positions up to and including the first stop token
     rewards: torch.Tensor  # [B] float (or [B, S]: per step)
     step_map: Optional[torch.Tensor] = None  # [B, Lc] long: the denoising step that wrote each token (-1: never)
-    # [B, Lc] float: entropy of the distribution each token was committed from (the method's ``records``)
+    # [B, Lc] float: entropy of the distribution each token was committed from (the method's ``record``)
     entropy_map: Optional[torch.Tensor] = None
-    trajectory: Any = None  # dare.rollout.Trajectory: the recorded intermediate states (the method's ``records``)
+    trajectory: Any = None  # dare.rollout.Trajectory: the recorded intermediate states (the method's ``record``)
     hint_mask: Optional[torch.Tensor] = None  # [B, Lc] bool: positions that held a hint, given, not decoded (IGPO)
     tree: Any = None  # each row's place in its rollout tree (d-TreeRPO's ``collect``)
     examples: Optional[list] = None  # B dicts: each sample's data row, with its "rollout" numbers
@@ -227,8 +227,15 @@ class RLBatch(Rows):
             if name.startswith("prompt_"):  # the same prompt (padded to the other rollout's width)
                 continue
             mine, theirs = getattr(self, name), getattr(ro, name)
-            if isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor) and mine.dim() == 2:
+            if not isinstance(mine, torch.Tensor) or mine.dim() != 2:
+                continue
+            if isinstance(theirs, torch.Tensor):
                 mine[slot] = theirs[src].to(dev, mine.dtype)
+            elif mine.dtype == torch.bool:  # a record of presence (hints): the other rollout has none
+                mine[slot] = False
+            else:
+                raise ValueError(f"the batch records {name} but the other rollout does not: decode it with the same "
+                                 f"record")
         self.rewards[slot] = torch.as_tensor(reward).to(self.rewards.device, self.rewards.dtype)
         if self.examples is not None and example is not None:
             self.examples[slot] = example

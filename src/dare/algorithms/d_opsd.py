@@ -217,7 +217,7 @@ class DOPSD(Algorithm):
         batch, metrics = ctx.services.collect(ctx, prompts, model, record=self.record)
         tries = torch.ones(batch.size)
         if self.config.passk > 1:
-            tries = retry_until_correct(self.config, ctx, model, batch)
+            tries = retry_until_correct(self.config, ctx, model, batch, self.record)
         cfg = self.config
         sums = ctx.services.all_reduce_sums({
             "n": float(batch.size), "tries": float(tries.sum()), "kept": float(batch.rewards.float().sum()),
@@ -430,10 +430,11 @@ def _no_sequence_parallel() -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def retry_until_correct(cfg: DOPSDConfig, ctx: StepContext, model, batch: RLBatch) -> torch.Tensor:
-    """Decode every sample below ``correct_reward`` again (``passk_temperature``, a seed keyed by (step, sample, try))
-    until it reaches it or has ``passk`` tries; keep the first correct try, else the best (latest among equals).
-    Replaces rows of ``batch`` in place; returns the tries per sample ``[B]``."""
+def retry_until_correct(cfg: DOPSDConfig, ctx: StepContext, model, batch: RLBatch, record=None) -> torch.Tensor:
+    """Decode every sample below ``correct_reward`` again (``passk_temperature``, a seed keyed by (step, sample, try),
+    recording what the first rollout recorded: ``record``) until it reaches it or has ``passk`` tries; keep the first
+    correct try, else the best (latest among equals). Replaces rows of ``batch`` in place; returns the tries per
+    sample ``[B]``."""
     from ..diffusion.noise import STREAM_ROLLOUT, derive_seed
     from ..rewards.speed import rollout_info
     services = ctx.services
@@ -448,7 +449,7 @@ def retry_until_correct(cfg: DOPSDConfig, ctx: StepContext, model, batch: RLBatc
                 break
             seeds = [derive_seed(ctx.seed, STREAM_ROLLOUT, "passk", ctx.step, int(batch.uid[i]), attempt) for i in todo]
             ro = services.generate(model, batch.prompt_ids[todo], sampler, n=1, seeds=seeds,
-                                   attention_mask=batch.prompt_mask[todo])
+                                   attention_mask=batch.prompt_mask[todo], record=record)
             info = rollout_info(ro.completion_mask, ro.step_map, sampler.block_length)
             ex = [{**examples[int(i)], "rollout": inf} for i, inf in zip(todo, info)]
             texts = ro.texts(services.tokenizer)

@@ -222,8 +222,8 @@ class EGSPO(GRPOAlgorithm):
                            "last pass's argmax -- so there is no step state or action to replay"}
 
     @property
-    def record(self) -> Record:  # the entropy each token was committed from ranks the steps
-        return Record(entropy=self.config.step_selection == "entropy")
+    def record(self) -> Record:  # the entropy each token was committed from ranks the steps (and is logged)
+        return Record(entropy=True)
 
     # --- the trained steps (once per batch) ----------------------------------------------------------
     def prepare(self, ctx: StepContext, batch: RLBatch) -> EGSPOState:

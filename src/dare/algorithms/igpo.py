@@ -165,7 +165,7 @@ class IGPO(GRPOAlgorithm):
         sub = prompts.select(torch.tensor(todo, dtype=torch.long))
         seeds = [derive_seed(ctx.seed, "igpo-hinted", ctx.step, uids[j]) for j in todo]
         hint_rows = torch.stack(hints) if hints else torch.zeros(0, sampler.gen_length, dtype=torch.long)
-        ro = services.decode(sub, seeds, model, sampler, hints=hint_rows)
+        ro = services.decode(sub, seeds, model, sampler, hints=hint_rows, record=self.record)
         if ro is None:
             return counts
         counts["nfe"] = ro.nfe
@@ -194,12 +194,14 @@ class IGPO(GRPOAlgorithm):
         """``score_hints``: the hint positions the reference keeps in the loss, by the rollout policy's entropies of
         the scoring view (the old policy's at every inner iteration: the view draws nothing)."""
         from ..collectives import agree_max, gathered_for_inference
+        from ..models.sequence_parallel import sharding_sequences
         hint = self.hints(batch)
         out = torch.zeros_like(hint)
         rows = hint.any(1).nonzero().flatten()
         if agree_max([rows.numel()], hint.device)[0] == 0:
             return ScoredHints(out)
-        with lend("policy") as model, gathered_for_inference(model):
+        # the rollout policy's own forward, as the reference's: unsharded (ranks of a sequence group hold the batch)
+        with lend("policy") as model, gathered_for_inference(model), sharding_sequences(None):
             if rows.numel():
                 sub = batch.select(rows)
                 ent = self.log_likelihood(ctx, model, sub, sub.views[0], with_entropy=True).entropy

@@ -146,6 +146,9 @@ def from_dict(cls: type, data: Mapping[str, Any] | None, path: str = "") -> Any:
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in fields:
+            removed = getattr(cls, "REMOVED_KEYS", {}).get(key)  # a key a section no longer has: why, and what now
+            if removed:
+                raise ConfigError(f"config key '{full}' was removed: {removed}")
             raise ConfigError(f"unknown config key '{full}' in section {cls.__name__}.{_suggest(str(key), list(fields))}"
                               f" Valid keys: {', '.join(sorted(fields))}")
         kwargs[key] = _convert(value, hints[key], full)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from .schedule import ass_block_steps
 from .selection import REMASKINGS
@@ -97,6 +97,12 @@ class SamplerConfig:
     # below confidence_threshold (both set, or neither: every pass runs). transformers' defaults: 1 and 0.005.
     stability_threshold: Optional[int] = None
     confidence_threshold: Optional[float] = None
+
+    # Keys recipes used to set, with what replaced them (the typed config's error says so instead of "unknown key").
+    REMOVED_KEYS: ClassVar[dict] = {
+        k: "what a rollout records is asked by the method that trains on it (its `record`: a dare.rollout.Record; "
+           "MDPO records the trajectory, EGSPO the commit entropies), not set in the sampler; delete the key"
+        for k in ("record_trajectory", "record_entropy")}
 
     def __post_init__(self):
         if self.gen_length <= 0:
