@@ -136,6 +136,27 @@ def run(folder: Path) -> None:
     print(f"wrote {OUT}: {len(cases)} decodes")
 
 
+def _loss_with_draws(model, ids: torch.Tensor, loss_mask: torch.Tensor, seed: int):
+    """(loss sum, token count, draws) of the reference's training forward from ``torch.manual_seed(seed)``; the draws
+    of its ``forward_process`` recorded as drawn: one t per row (``torch.rand(b)``), then one per token."""
+    draws, rand = [], torch.rand
+
+    def recording_rand(*args, **kwargs):
+        out = rand(*args, **kwargs)
+        draws.append(out.clone())
+        return out
+
+    torch.manual_seed(seed)
+    torch.rand = recording_rand
+    try:
+        with torch.no_grad():
+            total, count = model(ids.clone(), labels=ids.clone(), loss_mask=loss_mask.clone()).loss
+    finally:
+        torch.rand = rand
+    assert [tuple(d.shape) for d in draws] == [(ids.shape[0],), tuple(ids.shape)], [d.shape for d in draws]
+    return total, count, draws
+
+
 def record_training_loss(model) -> None:
     """expected_loss.pt: the published paradigm's training forward (``labels`` and a ``loss_mask`` that is 0 on the
     prompt) on two rows of 40 tokens (prompts of 9 and 23). ``forward_process`` draws one t per row
@@ -147,21 +168,7 @@ def record_training_loss(model) -> None:
     loss_mask = torch.ones_like(ids)
     loss_mask[0, :9] = 0
     loss_mask[1, :23] = 0
-    draws, rand = [], torch.rand
-
-    def recording_rand(*args, **kwargs):
-        out = rand(*args, **kwargs)
-        draws.append(out.clone())
-        return out
-
-    torch.manual_seed(8)  # t = 0.60 and 0.85: most answer tokens masked
-    torch.rand = recording_rand
-    try:
-        with torch.no_grad():
-            total, count = model(ids.clone(), labels=ids.clone(), loss_mask=loss_mask.clone()).loss
-    finally:
-        torch.rand = rand
-    assert [tuple(d.shape) for d in draws] == [(2,), (2, 40)], [d.shape for d in draws]
+    total, count, draws = _loss_with_draws(model, ids, loss_mask, seed=8)  # t = 0.60 and 0.85: most tokens masked
     torch.save({"input_ids": ids, "loss_mask": loss_mask, "t_draws": draws[0], "token_draws": draws[1], "eps": 1e-3,
                 "loss_sum": total.float(), "masked_tokens": int(count), "loss": (total / count).float()},
                OUT / "expected_loss.pt")
@@ -195,24 +202,10 @@ def record_block_diff_loss(folder: Path) -> None:
     loss_mask = torch.ones_like(ids)
     loss_mask[0, :5] = 0
     loss_mask[1, :9] = 0
-    out, rand = {}, torch.rand
+    out = {}
     for weight in (1.0, 0.0):
-        draws = []
-
-        def recording_rand(*args, **kwargs):
-            t = rand(*args, **kwargs)
-            draws.append(t.clone())
-            return t
-
         model.config.ar_loss_weight = weight
-        torch.manual_seed(4)
-        torch.rand = recording_rand
-        try:
-            with torch.no_grad():
-                total, count = model(ids.clone(), labels=ids.clone(), loss_mask=loss_mask.clone()).loss
-        finally:
-            torch.rand = rand
-        assert [tuple(d.shape) for d in draws] == [(2,), (2, 16)], [d.shape for d in draws]
+        total, count, draws = _loss_with_draws(model, ids, loss_mask, seed=4)
         out[weight] = (total.double(), int(count), draws, float(model.loss_ar) * ids.shape[1])
     (total, count, draws, ar_sum), (diffusion, masked, _, _) = out[1.0], out[0.0]
     torch.save({"input_ids": ids, "loss_mask": loss_mask, "t_draws": draws[0], "token_draws": draws[1], "eps": 1e-3,

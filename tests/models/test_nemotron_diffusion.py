@@ -153,26 +153,13 @@ def test_sft_matches_the_reference_training_loss(model, monkeypatch):
     """The published paradigm's training loss (one t per example, masked tokens' CE / t over their count; the prompt
     never masked) is SFT with ``normalize: masked_tokens``: with the reference's own draws (expected_loss.pt) dare
     masks the same tokens and its loss equals the reference's."""
-    import dare.algorithms.sft as sft
-    from dare.algorithms import StepContext, build_algorithm
+    from dare.algorithms import build_algorithm
     from dare.algorithms.sft import SFTConfig
-    from dare.trainer import stages
-    from dare.trainer.data import SFTDoc, sft_rows_batch
     r = torch.load(FOLDER / "expected_loss.pt")
-    ids, keep = r["input_ids"], r["loss_mask"].bool()
-    rows = [[SFTDoc(i, ids[i][~keep[i]].tolist(), ids[i][keep[i]].tolist())] for i in range(ids.shape[0])]
-    batch = sft_rows_batch(rows, [0, 1], 1, False)
-    times, tokens = iter(r["t_draws"].tolist()), iter(r["token_draws"])
-    real_rand = torch.rand
-    monkeypatch.setattr(sft, "sample_time", lambda g, lo, hi, eps: (1 - eps) * next(times) + eps)
-    monkeypatch.setattr(torch, "rand", lambda n, generator=None: next(tokens) if n == ids.shape[1] else real_rand(n))
     algo = build_algorithm(SFTConfig(normalize="masked_tokens"))
-    ctx = StepContext(step=0, seed=0, adapter=model.adapter)
-    stages.prepare(algo, ctx, batch, model)
-    monkeypatch.undo()
+    ctx, batch, masked = _reference_masks(monkeypatch, r, algo, model)
     (view,) = batch.views[0]
-    t = (1 - r["eps"]) * r["t_draws"][:, None] + r["eps"]
-    assert torch.equal(view.targets, (r["token_draws"] < t) & keep)
+    assert torch.equal(view.targets, masked)
     ctx.norms = algo.normalizers(batch)
     assert ctx.norms["masked_tokens"] == r["masked_tokens"]
     with torch.no_grad():
@@ -181,7 +168,7 @@ def test_sft_matches_the_reference_training_loss(model, monkeypatch):
 
 
 
-def _reference_masks(monkeypatch, r, algo, model, batch_fields):
+def _reference_masks(monkeypatch, r, algo, model):
     """Run the prepare stage with the reference's recorded draws (one t per row, then one draw per token)."""
     import dare.algorithms.sft as sft
     from dare.algorithms import StepContext
@@ -211,7 +198,7 @@ def test_block_diff_sft_matches_the_reference_training_loss(model, monkeypatch):
     r = torch.load(FOLDER / "expected_loss_block_diff.pt")
     algo = build_algorithm(SFTConfig(normalize="masked_tokens", block_diff=r["block_size"],
                                      ar_loss_weight=r["ar_loss_weight"]))
-    ctx, batch, masked = _reference_masks(monkeypatch, r, algo, model, None)
+    ctx, batch, masked = _reference_masks(monkeypatch, r, algo, model)
     (view,) = batch.views[0]
     L = r["input_ids"].shape[1]
     assert view.input_ids.shape[1] == 2 * L and torch.equal(view.targets[:, :L], masked)
@@ -237,7 +224,7 @@ def test_block_diff_sft_trains_both_terms(model, monkeypatch):
     grads = []
     for weight in (1.0, 0.0):
         algo = build_algorithm(SFTConfig(normalize="masked_tokens", block_diff=8, ar_loss_weight=weight))
-        ctx, batch, _ = _reference_masks(monkeypatch, r, algo, model, None)
+        ctx, batch, _ = _reference_masks(monkeypatch, r, algo, model)
         ctx.norms = algo.normalizers(batch)
         model.zero_grad()
         out = algo.backward(ctx, model, batch, 0)
