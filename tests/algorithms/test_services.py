@@ -168,3 +168,53 @@ def test_the_one_writer_check_sees_what_it_forbids(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def collect(batch):\n    batch.state = 1\n    return RLBatch(uid=0, frozen=2)\n")
     assert len(_stage_writes(bad)) == 2
+
+
+
+# ---- no list outside a method's own module names it (CONTRIBUTING: "what a method touches") ------------------------
+SOURCE_ROOT = ALGORITHMS_DIR.parent
+# "sft" is also the SFT data kind (``Algorithm.data_kind``) and the name of a pipeline stage, not only a method.
+DATA_KIND_NAMES = {"sft"}
+
+
+def _docstrings(tree) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            out.add(id(node.body[0].value))
+    return out
+
+
+def _named_methods(path: Path, owners: dict[str, Path]) -> list[str]:
+    """Each string constant of ``path`` (docstrings aside) that is a registered method's name, where ``path`` is not
+    the module that defines the method's class."""
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    return [f"{path.name}:{node.lineno}: names the method {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+            and node.value in owners and node.value not in DATA_KIND_NAMES and owners[node.value] != path]
+
+
+def _owners() -> dict[str, Path]:
+    load_builtin_algorithms()
+    return {name: Path(inspect.getsourcefile(cls)).resolve() for name, cls in ALGORITHMS.items()}
+
+
+def test_no_module_of_dare_names_a_method_outside_its_own():
+    """Adding a method edits no list elsewhere: the loop, planner, comparison and generators reach every method
+    through the registry, so no module but the method's own spells its name."""
+    owners = _owners()
+    assert len(owners) >= 24
+    found = [v for p in sorted(SOURCE_ROOT.rglob("*.py")) for v in _named_methods(p.resolve(), owners)]
+    assert not found, "a hand-kept list names a method:\n" + "\n".join(found)
+
+
+def test_the_method_name_check_sees_a_list(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('ON_POLICY = ("d1", "coupled_grpo")\nKIND = "sft"\n\n\ndef f():\n    """d1 in prose."""\n')
+    assert _named_methods(probe.resolve(), _owners()) == ["probe.py:1: names the method 'd1'",
+                                                          "probe.py:1: names the method 'coupled_grpo'"]
+    # the module that defines a method's class may name it (VRPO in dpo.py, EGSPO-SA in egspo.py)
+    assert _named_methods(SOURCE_ROOT / "algorithms" / "dpo.py", _owners()) == []
