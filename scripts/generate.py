@@ -16,8 +16,9 @@ The artifacts (name: files <- source):
   ``paper`` (``paper_markdown``) and the comparison's documented departure for it (``dare.comparison.departures``);
 - plans: docs/plan_recipes.md and the "Expected resources (full size)" section of docs/paper_recipes.md <-
   docs/plan_recipes.json, without planning (``python scripts/plan_recipes.py`` plans, about an hour);
-- comparison: docs/comparison_table.md and the table between the comparison-table markers of docs/comparison.md <-
-  docs/comparison.json, the comparison's stored data (``dare compare --docs docs`` writes it from its runs);
+- comparison: docs/comparison_table.md, the table between the comparison-table markers of docs/comparison.md and the
+  verdicts' paragraph between the comparison-summary markers of docs/comparison.md and README.md <- docs/comparison.json,
+  the comparison's stored data (``dare compare --docs docs`` writes it from its runs), and the documented lr factors;
 - loss-parity: the table of cases in docs/loss_parity.md (between the loss-parity-cases markers) <- the case files
   tests/assets/loss_parity/*.pt (their reference and ``doc``; ``tests.algorithms.parity_io.cases_markdown``).
 
@@ -40,6 +41,7 @@ import plan_recipes  # noqa: E402
 
 PAPER_MARKERS = ("<!-- paper-settings:start -->", "<!-- paper-settings:end -->")
 TABLE_MARKERS = ("<!-- comparison-table:start -->", "<!-- comparison-table:end -->")
+SUMMARY_MARKERS = ("<!-- comparison-summary:start -->", "<!-- comparison-summary:end -->")
 GRID_MARKERS = ("<!-- paper-grid:start -->", "<!-- paper-grid:end -->")
 CASES_MARKERS = ("<!-- loss-parity-cases:start -->", "<!-- loss-parity-cases:end -->")
 COMPARISON_DATA = ROOT / "docs" / "comparison.json"
@@ -101,11 +103,16 @@ def plan_tables() -> Rendered:
 
 
 def comparison_report() -> Rendered:
-    from dare.comparison.report import load_data, render_table
-    table = render_table(load_data(COMPARISON_DATA))
-    doc = ROOT / "docs" / "comparison.md"
+    from dare.comparison.departures import lr_departures
+    from dare.comparison.report import load_data, render_summary, render_table
+    data = load_data(COMPARISON_DATA)
+    table = render_table(data)
+    summary = render_summary(data, {name: d.factor for name, d in lr_departures().items()})
+    doc, readme = ROOT / "docs" / "comparison.md", ROOT / "README.md"
+    text = replace_between(_read(doc), TABLE_MARKERS, table, "docs/comparison.md")
     return {ROOT / "docs" / "comparison_table.md": table,
-            doc: replace_between(_read(doc), TABLE_MARKERS, table, "docs/comparison.md")}
+            doc: replace_between(text, SUMMARY_MARKERS, summary, "docs/comparison.md"),
+            readme: replace_between(_read(readme), SUMMARY_MARKERS, summary, "README.md")}
 
 
 def loss_parity_cases() -> Rendered:

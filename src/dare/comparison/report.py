@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -137,6 +138,48 @@ def render_table(data: dict) -> str:
         for algo, msg in fam.get("failed", {}).items():
             lines.append(f"| {family} | {algo} | | | | | | | failed: {msg} | | | | | | |")
     return "\n".join(lines) + "\n"
+
+
+def _names(names: list[str]) -> str:
+    quoted = [f"`{n}`" for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def render_summary(data: dict, lr_factors: Optional[dict[str, float]] = None) -> str:
+    """The report's verdicts in a paragraph (per family: how many methods pass the bar, their range of gains, and
+    each method below it), from its data alone, so no hand-written count goes stale when a method joins.
+    ``lr_factors``: the methods that run at a documented factor on their paper-relative lr (name -> factor)."""
+    parts = []
+    for fam in data["families"]:
+        anchor = next((e for e in fam["methods"] if e["algorithm"] == fam.get("anchor")), None)
+        anchor_gain = anchor["change"] if anchor else None
+        verdicts = {e["algorithm"]: learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"])
+                    for e in fam["methods"]}
+        passing = [e for e in fam["methods"] if verdicts[e["algorithm"]] == "yes"]
+        seeds = sorted({e["seeds"] for e in fam["methods"]})
+        n = len(fam["methods"])
+        text = (f"on the tiny {fam['family']} checkpoint (`{fam['checkpoint']}`, SFT {pct(fam['baseline']['mean_score'])} "
+                f"%, {'/'.join(map(str, seeds))} seeds each) "
+                + (f"all {n} methods pass the bar" if len(passing) == n else f"{len(passing)} of the {n} methods pass "
+                   "the bar"))
+        if passing:
+            gains = sorted(100 * e["change"] for e in passing)
+            text += f", {gains[0]:+.1f} to {gains[-1]:+.1f} points"
+        below = [e for e in fam["methods"] if verdicts[e["algorithm"]] != "yes"]
+        if below:
+            text += "; below it " + ", ".join(
+                f"`{e['algorithm']}` ({100 * e['change']:+.1f} ± {100 * e['spread']:.1f})" for e in below)
+        if fam.get("failed"):
+            text += f"; failed: {_names(sorted(fam['failed']))}"
+        parts.append(text)
+    out = "; ".join(parts)
+    out = out[0].upper() + out[1:] + (". The bar: a mean held-out gain above twice its seed spread and at least half "
+                                      "the default method's.")
+    if lr_factors:
+        names = sorted(lr_factors)
+        out += (f" {_names(names)} run at a documented factor on their paper's relative lr (each oscillated, collapsed "
+                "or left the reference in one step at the paper's ratio).")
+    return textwrap.fill(out, width=118, break_long_words=False, break_on_hyphens=False) + "\n"
 
 
 def compare_table(results: dict, bench: str) -> str:
