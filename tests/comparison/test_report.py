@@ -146,6 +146,7 @@ def test_the_checked_in_summary_is_the_stored_datas():
     data = load_data(ROOT / "docs" / "comparison.json")
     for path in (ROOT / "README.md", ROOT / "docs" / "comparison.md"):
         text = path.read_text(encoding="utf-8")
-        block = text.split("<!-- comparison-summary:start -->")[1].split("<!-- comparison-summary:end -->")[0]
+        block = " ".join(text.split("<!-- comparison-summary:start -->")[1].split("<!-- comparison-summary:end -->")[0]
+                         .split())
         for fam in data["families"]:
             assert f"`{fam['checkpoint']}`" in block and f"{len(fam['methods'])} methods" in block
