@@ -15,7 +15,7 @@ from dare.trainer.recipe import load_recipe
 from tests.scripts import ROOT, load_script
 
 PLAN_RECIPES = load_script("scripts/plan_recipes.py")
-REFRESH = "python scripts/plan_recipes.py --workers 2"
+REFRESH = "python scripts/plan_recipes.py (--workers N: one per 16 GiB of RAM)"
 
 
 @functools.lru_cache(maxsize=1)
