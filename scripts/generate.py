@@ -17,8 +17,9 @@ The artifacts (name: files <- source):
 - plans: docs/plan_recipes.md and the "Expected resources (full size)" section of docs/paper_recipes.md <-
   docs/plan_recipes.json, without planning (``python scripts/plan_recipes.py`` plans, about an hour);
 - comparison: docs/comparison_table.md, the table between the comparison-table markers of docs/comparison.md and the
-  verdicts' paragraph between the comparison-summary markers of docs/comparison.md and README.md <- docs/comparison.json,
-  the comparison's stored data (``dare compare --docs docs`` writes it from its runs), and the documented lr factors;
+  verdicts' paragraph between the comparison-summary markers of docs/comparison.md and README.md <-
+  docs/comparison.json, the comparison's stored data (``dare compare --docs docs`` writes it from its runs), and the
+  methods with a documented lr factor;
 - loss-parity: the table of cases in docs/loss_parity.md (between the loss-parity-cases markers) <- the case files
   tests/assets/loss_parity/*.pt (their reference and ``doc``; ``tests.algorithms.parity_io.cases_markdown``).
 
@@ -107,7 +108,7 @@ def comparison_report() -> Rendered:
     from dare.comparison.report import load_data, render_summary, render_table
     data = load_data(COMPARISON_DATA)
     table = render_table(data)
-    summary = render_summary(data, {name: d.factor for name, d in lr_departures().items()})
+    summary = render_summary(data, lr_departures())
     doc, readme = ROOT / "docs" / "comparison.md", ROOT / "README.md"
     text = replace_between(_read(doc), TABLE_MARKERS, table, "docs/comparison.md")
     return {ROOT / "docs" / "comparison_table.md": table,

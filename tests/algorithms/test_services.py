@@ -170,7 +170,6 @@ def test_the_one_writer_check_sees_what_it_forbids(tmp_path):
     assert len(_stage_writes(bad)) == 2
 
 
-
 # ---- no list outside a method's own module names it (CONTRIBUTING: "what a method touches") ------------------------
 SOURCE_ROOT = ALGORITHMS_DIR.parent
 # "sft" is also the SFT data kind (``Algorithm.data_kind``) and the name of a pipeline stage, not only a method.
@@ -214,7 +213,8 @@ def test_no_module_of_dare_names_a_method_outside_its_own():
 def test_the_method_name_check_sees_a_list(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('ON_POLICY = ("d1", "coupled_grpo")\nKIND = "sft"\n\n\ndef f():\n    """d1 in prose."""\n')
-    assert _named_methods(probe.resolve(), _owners()) == ["probe.py:1: names the method 'd1'",
-                                                          "probe.py:1: names the method 'coupled_grpo'"]
+    owners = _owners()
+    assert _named_methods(probe.resolve(), owners) == ["probe.py:1: names the method 'd1'",
+                                                       "probe.py:1: names the method 'coupled_grpo'"]
     # the module that defines a method's class may name it (VRPO in dpo.py, EGSPO-SA in egspo.py)
-    assert _named_methods(SOURCE_ROOT / "algorithms" / "dpo.py", _owners()) == []
+    assert _named_methods(SOURCE_ROOT / "algorithms" / "dpo.py", owners) == []

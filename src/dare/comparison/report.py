@@ -26,7 +26,7 @@ import json
 import statistics
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..quickstart.report import pct, pyplot, smooth
 from ..quickstart.stages import read_curve
@@ -46,6 +46,14 @@ def learning_verdict(gain: float, spread: float, anchor_gain: Optional[float], n
         return "1 seed"
     ok = gain > 2.0 * spread and gain > 0 and (anchor_gain is None or anchor_gain <= 0 or gain >= 0.5 * anchor_gain)
     return "yes" if ok else "no"
+
+
+def family_verdicts(fam: dict) -> dict[str, str]:
+    """Each method's ``learning_verdict`` in one family of the report's data (against its anchor's gain): what the
+    table's "learns" column and the summary's counts read."""
+    anchor = next((e for e in fam["methods"] if e["algorithm"] == fam.get("anchor")), None)
+    anchor_gain = anchor["change"] if anchor else None
+    return {e["algorithm"]: learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"]) for e in fam["methods"]}
 
 
 def _method_entry(algo: str, runs: list[dict], bench: str, base_score: float) -> dict:
@@ -119,8 +127,7 @@ def render_table(data: dict) -> str:
         family, base = fam["family"], fam["baseline"]
         lines.append(f"| {family} | SFT baseline | | | | | | | {pct(base['mean_score'])} | | | {pct(base['accuracy'])} "
                      f"| - | | |")
-        anchor = next((e for e in fam["methods"] if e["algorithm"] == fam.get("anchor")), None)
-        anchor_gain = anchor["change"] if anchor else None
+        verdicts = family_verdicts(fam)
         for e in fam["methods"]:
             st = e["settings"]
             clip = st.get("grad_clip")
@@ -131,7 +138,7 @@ def render_table(data: dict) -> str:
                      f"{st['lr']:.3g}" if "lr" in st else "-", "-" if clip is None else f"{clip:g}",
                      f"{st['temperature']:g}" if "temperature" in st else "-", str(st.get("lora") or "-"),
                      f"{pct(e['mean'])} ± {pct(e['spread'])}", f"{100 * e['change']:+.1f}",
-                     learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"]), pct(e["solved"]),
+                     verdicts[e["algorithm"]], pct(e["solved"]),
                      str(e["seeds"]), f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-",
                      f"{e['minutes_per_run']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -145,23 +152,20 @@ def _names(names: list[str]) -> str:
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
-def render_summary(data: dict, lr_factors: Optional[dict[str, float]] = None) -> str:
+def render_summary(data: dict, departed: Iterable[str] = ()) -> str:
     """The report's verdicts in a paragraph (per family: how many methods pass the bar, their range of gains, and
     each method below it), from its data alone, so no hand-written count goes stale when a method joins.
-    ``lr_factors``: the methods that run at a documented factor on their paper-relative lr (name -> factor)."""
+    ``departed``: the methods that run at a documented factor on their paper-relative lr."""
     parts = []
     for fam in data["families"]:
-        anchor = next((e for e in fam["methods"] if e["algorithm"] == fam.get("anchor")), None)
-        anchor_gain = anchor["change"] if anchor else None
-        verdicts = {e["algorithm"]: learning_verdict(e["change"], e["spread"], anchor_gain, e["seeds"])
-                    for e in fam["methods"]}
+        verdicts = family_verdicts(fam)
         passing = [e for e in fam["methods"] if verdicts[e["algorithm"]] == "yes"]
         seeds = sorted({e["seeds"] for e in fam["methods"]})
         n = len(fam["methods"])
-        text = (f"on the tiny {fam['family']} checkpoint (`{fam['checkpoint']}`, SFT {pct(fam['baseline']['mean_score'])} "
-                f"%, {'/'.join(map(str, seeds))} seeds each) "
-                + (f"all {n} methods pass the bar" if len(passing) == n else f"{len(passing)} of the {n} methods pass "
-                   "the bar"))
+        count = f"all {n}" if len(passing) == n else f"{len(passing)} of the {n}"
+        sft = pct(fam["baseline"]["mean_score"])
+        text = (f"on the tiny {fam['family']} checkpoint (`{fam['checkpoint']}`, SFT {sft} %, "
+                f"{'/'.join(map(str, seeds))} seeds each) {count} methods pass the bar")
         if passing:
             gains = sorted(100 * e["change"] for e in passing)
             text += f", {gains[0]:+.1f} to {gains[-1]:+.1f} points"
@@ -175,8 +179,8 @@ def render_summary(data: dict, lr_factors: Optional[dict[str, float]] = None) ->
     out = "; ".join(parts)
     out = out[0].upper() + out[1:] + (". The bar: a mean held-out gain above twice its seed spread and at least half "
                                       "the default method's.")
-    if lr_factors:
-        names = sorted(lr_factors)
+    names = sorted(departed)
+    if names:
         out += (f" {_names(names)} run at a documented factor on their paper's relative lr (each oscillated, collapsed "
                 "or left the reference in one step at the paper's ratio).")
     return textwrap.fill(out, width=118, break_long_words=False, break_on_hyphens=False) + "\n"

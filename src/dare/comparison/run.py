@@ -38,7 +38,7 @@ from typing import Optional
 
 from ..quickstart.assets import get_checkpoint, recipe_path, shipped_checkpoints
 from ..quickstart.stages import eval_stage, fmt_seconds, load_stage_recipe, read_curve, set_threads, train_stage
-from .departures import lr_factor
+from .departures import lr_departures, lr_factor
 from .report import compare_plot, comparison_data, dump_data, load_data, merge_data, render_summary, render_table
 
 log = logging.getLogger(__name__)
@@ -275,7 +275,7 @@ def write_report(out: Path, data: dict, docs_dir: Optional[str], echo=print, png
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(table, encoding="utf-8")
     (out / "comparison.json").write_text(dump_data(data), encoding="utf-8")
-    echo("\n" + table + "\n" + render_summary(data), flush=True)
+    echo("\n" + table + "\n" + render_summary(data, lr_departures()), flush=True)
     echo(f"wrote {out / 'comparison.md'}, {out / 'comparison.json'}" + (f", {png}" if png else ""), flush=True)
     if docs_dir:
         docs = Path(docs_dir)
