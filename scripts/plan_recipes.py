@@ -3,7 +3,7 @@
     python scripts/plan_recipes.py                  # every full-size recipe not planned, stale or without a record
     python scripts/plan_recipes.py --workers 2      # in parallel processes (9 steps, recorded, took 29 minutes on 2
                                                     # cores: DiffusionGemma-26B SFT 20, the others about 5 each);
-                                                    # a worker may hold ~15 GiB (an SDAR-8B RL cell: 14.5 GiB), so
+                                                    # a worker may hold ~14 GiB (an SDAR-8B RL cell: 13.8 GiB), so
                                                     # give each 16 GiB of RAM (two swapped on a 24 GiB machine)
     python scripts/plan_recipes.py --only 'recipes/sft_*' 'recipes/paper/*/d1_math.yaml'   # a subset (the
                                                     # table lists every recipe planned so far)
