@@ -4,7 +4,6 @@ ran, the files read, torch's version: dare/plan/provenance.py), and a plan whose
 fails here with the command that refreshes it. A representative set is planned again in the integration tier."""
 import functools
 import json
-import warnings
 
 import pytest
 
@@ -41,39 +40,26 @@ def _peaks(plan) -> dict:
     return {p["name"]: p["peak_bytes"] for p in phases}
 
 
-# Plans that must carry their record: the ones the integration tier used to plan again to check them current, and the
-# representatives below. The plans published before plans recorded their dependencies get theirs as they are planned
-# again (scripts/plan_recipes.py plans every plan without a record); until then nothing checks them, as before.
-MUST_BE_RECORDED = ["recipes/sft_llada_8b.yaml", "recipes/lora_sft_llada_8b.yaml",
-                    "recipes/paper/llada_8b_instruct/d1_math.yaml", "recipes/paper/dream_7b_instruct/d1_code.yaml",
-                    "recipes/paper/sdar_8b_chat/d1_math.yaml", "recipes/paper/llada2_mini/coupled_grpo_math.yaml",
-                    "recipes/diffusion_gemma/sft_26b.yaml", "recipes/paper/dream_7b_instruct/d2_stepmerge_math.yaml"]
-
-
 def test_every_published_plan_is_current():
     cache = _cache()
     stale = PLAN_RECIPES.stale_plans(cache)
-    unrecorded = {k for k, v in stale.items() if PLAN_RECIPES.NO_RECORD in v}
-    ours = {k: v for k, v in stale.items() if k not in unrecorded and any(is_own(c) for c in v)}
     recipes: dict[str, list[str]] = {}
     for rel, key in cache["recipes"].items():
         recipes.setdefault(key, []).append(rel)
+    # a plan stored without its record (what it depended on) could not be checked current: every one carries it
+    unrecorded = sorted(recipes.get(k, [k])[0] for k, v in stale.items() if PLAN_RECIPES.NO_RECORD in v)
+    assert not unrecorded, (f"{len(unrecorded)} published plans carry no record of what they depend on, so nothing "
+                            f"can tell whether they are current: {unrecorded[:10]}; run {REFRESH}")
+    ours = {k: v for k, v in stale.items() if any(is_own(c) for c in v)}
     lines = [f"  {recipes.get(k, ['(no recipe)'])[0]} (+{len(recipes.get(k, [])) - 1} sharing its step): "
              + "; ".join(list(v.values())[:3]) + (f" (+{len(v) - 3} more)" if len(v) > 3 else "")
              for k, v in sorted(ours.items(), key=lambda kv: recipes.get(kv[0], [""])[0])]
     assert not ours, (f"{len(ours)} of {len(cache['plans'])} published plans are stale: code, a config or a recipe "
                       f"they were planned with changed. Refresh them (only the stale ones are planned again): "
                       f"{REFRESH}\n" + "\n".join(lines[:20]))
-    required = {cache["recipes"][rel]: rel for rel in MUST_BE_RECORDED + REPRESENTATIVE}
-    missing = sorted(rel for key, rel in required.items() if key in unrecorded)
-    assert not missing, f"published without a record of what they depend on: {missing}; run {REFRESH}"
-    if unrecorded:
-        warnings.warn(f"{len(unrecorded)} of {len(cache['plans'])} published plans were made before plans recorded "
-                      f"what they depend on and are not checked current; {REFRESH} records them")
-    external = {k: v for k, v in stale.items() if k not in unrecorded}
-    if external:  # only other packages moved (a torch other than the one the plans were made with, transformers' code)
-        first = next(iter(external.values()))
-        pytest.skip(f"{len(external)} published plans were made under other packages' code "
+    if stale:  # only other packages moved (a torch other than the one the plans were made with, transformers' code)
+        first = next(iter(stale.values()))
+        pytest.skip(f"{len(stale)} published plans were made under other packages' code "
                     f"({next(iter(first.values()))}); their currency is checked under the packages they were planned "
                     "with")
 
