@@ -41,7 +41,20 @@ def _peaks(plan) -> dict:
 
 
 def test_every_published_plan_is_current():
-    cache = _cache()
+    _check_current(_cache())
+
+
+def test_a_plan_stored_without_its_record_fails_the_check():
+    cache = json.loads(json.dumps(_cache()))
+    key = cache["recipes"][REPRESENTATIVE[0]]
+    del cache["plans"][key]["depends"]
+    sharing = [rel for rel, k in cache["recipes"].items() if k == key]  # the message names one of them
+    with pytest.raises(AssertionError, match=r"^1 published plans carry no record") as failed:
+        _check_current(cache)
+    assert any(rel in str(failed.value) for rel in sharing)
+
+
+def _check_current(cache: dict) -> None:
     stale = PLAN_RECIPES.stale_plans(cache)
     recipes: dict[str, list[str]] = {}
     for rel, key in cache["recipes"].items():
